@@ -1,0 +1,92 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"math"
+	"time"
+)
+
+// Bucket is a rate limit shared by everyone who charges the same key.
+// Implementations are safe for concurrent use.
+type Bucket interface {
+	// Reserve takes cost now, or reserves it for the earliest future moment
+	// if that is within maxWait (the bucket goes into debt and Delay says how
+	// long to wait); otherwise it takes nothing and says when to come back.
+	// A cost that can never be admitted fails at once with a *CostError.
+	Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error)
+	// Adjust changes what key has been charged by delta: a negative amount
+	// refunds (never above the burst), a positive one debits, into debt if
+	// need be.
+	Adjust(ctx context.Context, key string, delta Cost) error
+}
+
+// Reservation is the outcome of Reserve.
+type Reservation struct {
+	// OK reports whether the cost was taken, now or for a future slot.
+	OK bool
+	// Delay is how long the caller must wait, from when Reserve returned,
+	// before acting on a reservation that is OK. Zero means now.
+	Delay time.Duration
+	// RetryAfter is, when OK is false, how long until the cost could be
+	// reserved with no wait at all. Zero when OK is true.
+	RetryAfter time.Duration
+}
+
+// Unlimited is the maxWait that accepts any delay.
+const Unlimited = time.Duration(math.MaxInt64)
+
+// Wait takes cost from key, sleeping until its reserved slot if the bucket
+// is empty. It is shorthand for WaitMax(ctx, b, key, cost, Unlimited): the
+// wait is bounded only by ctx's deadline.
+func Wait(ctx context.Context, b Bucket, key string, cost Cost) (Reservation, error) {
+	return WaitMax(ctx, b, key, cost, Unlimited)
+}
+
+// WaitMax takes cost from key and sleeps until its reserved slot, making one
+// call to the bucket. The wait is bounded by maxWait and by the time left
+// until ctx's deadline: if the slot lies beyond, WaitMax fails at once with
+// a *WaitError (errors.Is ErrDeadline) and takes nothing. If ctx is done
+// while waiting, the cost is refunded and ctx's error returned. Nobody polls:
+// concurrent waiters get successive slots and wake one after another.
+func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
+	if err := ctx.Err(); err != nil {
+		return Reservation{}, err
+	}
+	if maxWait < 0 {
+		maxWait = 0
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		if left := time.Until(dl); left < maxWait {
+			maxWait = max(left, 0)
+		}
+	}
+	r, err := b.Reserve(ctx, key, cost, maxWait)
+	if err != nil {
+		return r, err
+	}
+	if !r.OK {
+		return r, &WaitError{RetryAfter: r.RetryAfter, MaxWait: maxWait}
+	}
+	if r.Delay <= 0 {
+		return r, nil
+	}
+	t := time.NewTimer(r.Delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return r, nil
+	case <-ctx.Done():
+		// The slot is ours but will not be used: give it back so the next
+		// caller can have it. The refund must outlive the cancelled ctx.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+		defer cancel()
+		if rerr := b.Adjust(rctx, key, cost.neg()); rerr != nil {
+			return r, errors.Join(ctx.Err(), rerr)
+		}
+		return r, ctx.Err()
+	}
+}
+
+// refundTimeout bounds the refund of a cancelled wait.
+const refundTimeout = 2 * time.Second

@@ -1,0 +1,91 @@
+package bucket
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+)
+
+// Dimension names used by the rest of sluice. Any other non-empty name works
+// too: a Cost is charged against the Limit configured for the same name.
+const (
+	Requests = "requests"
+	Tokens   = "tokens"
+)
+
+// Limit is a token bucket's shape: it refills at Rate tokens per second up to
+// Burst tokens. The zero Limit is invalid.
+type Limit struct {
+	Rate  float64 // tokens added per second; > 0
+	Burst float64 // bucket capacity, the most one instant can take; > 0
+}
+
+// PerSecond returns a Limit of n tokens per second with a burst of n.
+func PerSecond(n float64) Limit { return Limit{Rate: n, Burst: n} }
+
+// PerMinute returns a Limit of n tokens per minute with a burst of n, the
+// shape of most LLM providers' published limits (RPM, TPM).
+func PerMinute(n float64) Limit { return Limit{Rate: n / 60, Burst: n} }
+
+// String formats l as "5/s burst 10".
+func (l Limit) String() string {
+	return strconv.FormatFloat(l.Rate, 'g', -1, 64) + "/s burst " +
+		strconv.FormatFloat(l.Burst, 'g', -1, 64)
+}
+
+// Validate reports whether l can be used: Rate and Burst finite and
+// positive. The error is a *LimitError.
+func (l Limit) Validate() error {
+	switch {
+	case !(l.Rate > 0) || math.IsInf(l.Rate, 0):
+		return &LimitError{Limit: l, Reason: "rate must be a finite number > 0"}
+	case !(l.Burst > 0) || math.IsInf(l.Burst, 0):
+		return &LimitError{Limit: l, Reason: "burst must be a finite number > 0"}
+	}
+	return nil
+}
+
+// Cost is what one call takes from a bucket, one amount per dimension:
+// Cost{Requests: 1, Tokens: 1200}. Dimensions the bucket has no Limit for
+// are not limited; amounts must be finite and >= 0.
+type Cost map[string]float64
+
+// N is shorthand for Cost{Requests: n}.
+func N(n float64) Cost { return Cost{Requests: n} }
+
+// neg returns the cost with every amount negated: the delta that refunds c.
+func (c Cost) neg() Cost {
+	d := make(Cost, len(c))
+	for k, v := range c {
+		d[k] = -v
+	}
+	return d
+}
+
+// dim is one configured dimension of a bucket.
+type dim struct {
+	name  string
+	limit Limit
+	// pre-formatted for the Redis scripts
+	rate, burst string
+}
+
+func (d dim) checkCost(v float64) error {
+	switch {
+	case math.IsNaN(v) || v < 0 || math.IsInf(v, 0):
+		return &CostError{Dim: d.name, Cost: v, Burst: d.limit.Burst, err: ErrInvalidCost}
+	case v > d.limit.Burst:
+		return &CostError{Dim: d.name, Cost: v, Burst: d.limit.Burst, err: ErrExceedsBurst}
+	}
+	return nil
+}
+
+func (d dim) String() string { return fmt.Sprintf("%s %v", d.name, d.limit) }
+
+// checkDelta rejects an Adjust amount that is not finite.
+func checkDelta(dim string, v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return &CostError{Dim: dim, Cost: v, err: ErrInvalidCost}
+	}
+	return nil
+}

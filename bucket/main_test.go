@@ -1,0 +1,15 @@
+package bucket_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(fleetWorkerEnv) != "" {
+		os.Exit(fleetWorker())
+	}
+	redistest.Main(m)
+}

@@ -1,0 +1,85 @@
+package bucket
+
+import (
+	"sort"
+	"strconv"
+	"time"
+)
+
+// Option configures a bucket at construction.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	limits map[string]Limit
+	clock  Clock
+	prefix string
+}
+
+// Clock tells the time. The Local backend reads it; Redis backends use the
+// server's clock only.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// WithLimit limits dimension dim as well. The Limit given to the
+// constructor is the Requests dimension's; WithLimit(Requests, l) replaces it.
+func WithLimit(dim string, l Limit) Option {
+	return optionFunc(func(c *config) { c.limits[dim] = l })
+}
+
+// WithClock makes the Local backend read time from clk (nil: the system
+// clock). Tests use it to control refills.
+func WithClock(clk Clock) Option {
+	return optionFunc(func(c *config) {
+		if clk != nil {
+			c.clock = clk
+		}
+	})
+}
+
+// WithPrefix sets the first part of the Redis keys, "sluice" by default:
+// keys are <prefix>:{<key>}:<dimension>.
+func WithPrefix(p string) Option {
+	return optionFunc(func(c *config) {
+		if p != "" {
+			c.prefix = p
+		}
+	})
+}
+
+// newConfig applies opts over the defaults and validates the limits. It
+// panics with a *LimitError on an invalid limit: limits are program
+// configuration; check ones that come from input with Limit.Validate first.
+func newConfig(requests Limit, opts []Option) (config, []dim) {
+	c := config{limits: map[string]Limit{Requests: requests}, clock: systemClock{}, prefix: "sluice"}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	dims := make([]dim, 0, len(c.limits))
+	for name, l := range c.limits {
+		if err := l.Validate(); err != nil {
+			le := err.(*LimitError)
+			le.Dim = name
+			panic(le)
+		}
+		if name == "" {
+			panic(&LimitError{Limit: l, Reason: "dimension name is empty"})
+		}
+		dims = append(dims, dim{
+			name:  name,
+			limit: l,
+			rate:  strconv.FormatFloat(l.Rate, 'g', -1, 64),
+			burst: strconv.FormatFloat(l.Burst, 'g', -1, 64),
+		})
+	}
+	sort.Slice(dims, func(i, j int) bool { return dims[i].name < dims[j].name })
+	return c, dims
+}

@@ -1,0 +1,192 @@
+// Package redistest starts private redis-server processes for tests.
+package redistest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Strict reports whether tests that need a real Redis must fail instead of
+// skipping when none can be started: set SLUICE_STRICT=1 (CI does).
+func Strict() bool { return os.Getenv("SLUICE_STRICT") == "1" }
+
+// Server is a redis-server process of a test's own, on a free port of
+// 127.0.0.1, keeping nothing on disk.
+type Server struct {
+	Addr string
+	Port int
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start starts a redis-server on a free port and waits until it answers.
+// extra arguments are passed to redis-server (e.g. "--cluster-enabled", "yes").
+func Start(extra ...string) (*Server, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, fmt.Errorf("redistest: redis-server binary not found on PATH: %w", err)
+	}
+	var lastErr error
+	for range 3 { // a free port can be taken between probing and binding
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port}
+		if lastErr = s.start(bin, extra); lastErr == nil {
+			return s, nil
+		}
+	}
+	return nil, lastErr
+}
+
+func (s *Server) start(bin string, extra []string) error {
+	dir, err := os.MkdirTemp("", "sluice-redis-")
+	if err != nil {
+		return err
+	}
+	args := append([]string{
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir,
+		"--daemonize", "no", "--loglevel", "warning",
+	}, extra...)
+	cmd := exec.Command(bin, args...)
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return fmt.Errorf("redistest: start redis-server: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); os.RemoveAll(dir); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	if err := s.waitReady(5 * time.Second); err != nil {
+		s.Stop()
+		return err
+	}
+	return nil
+}
+
+func (s *Server) waitReady(timeout time.Duration) error {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("redistest: redis-server on %s not ready: %w", s.Addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Stop kills the server and waits for it to exit. Stopping twice is fine.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Kill()
+	<-done
+}
+
+// Restart starts the server again on the same port after Stop.
+func (s *Server) Restart(extra ...string) error {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		err := s.start(bin, extra)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+var (
+	pkgServer *Server
+	pkgErr    = errors.New("redistest: Main was not called")
+)
+
+// Main runs a test package with a private redis-server shared by its tests:
+// call it from TestMain. If none can be started, tests that call Client or
+// Addr skip (or fail, with SLUICE_STRICT=1).
+func Main(m *testing.M) {
+	pkgServer, pkgErr = Start()
+	code := m.Run()
+	if pkgServer != nil {
+		pkgServer.Stop()
+	}
+	os.Exit(code)
+}
+
+// Addr returns the address of the package's redis-server, or skips t.
+func Addr(t testing.TB) string {
+	t.Helper()
+	if pkgServer == nil {
+		Unavailable(t, pkgErr)
+	}
+	return pkgServer.Addr
+}
+
+// Client returns a client of the package's redis-server, closed when t ends.
+func Client(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: Addr(t)})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Unavailable skips t because no real Redis could be had, or fails it in
+// strict mode.
+func Unavailable(t testing.TB, err error) {
+	t.Helper()
+	if Strict() {
+		t.Fatalf("real Redis required (SLUICE_STRICT=1) but unavailable: %v", err)
+	}
+	t.Skipf("skipping: no real Redis (%v); install redis-server to run this test", err)
+}
+
+// Own starts a redis-server for t alone (for tests that stop or restart
+// it); it is stopped when t ends.
+func Own(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	s, err := Start(extra...)
+	if err != nil {
+		Unavailable(t, err)
+	}
+	t.Cleanup(s.Stop)
+	return s
+}
