@@ -51,7 +51,11 @@ func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.D
 	k := l.advance(key, now)
 	var wait float64 // seconds
 	for i, d := range l.dims {
-		if deficit := cost[d.name] - k.tokens[i]; deficit > 0 {
+		c := cost[d.name]
+		if c == 0 {
+			continue // a dimension not charged is not held back by its debt
+		}
+		if deficit := c - k.tokens[i]; deficit > 0 {
 			wait = max(wait, deficit/d.limit.Rate)
 		}
 	}

@@ -1,0 +1,215 @@
+package bucket_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// commandCounter counts the script calls (EVALSHA, EVAL) a go-redis client
+// sends; connection handshakes are not counted.
+type commandCounter struct{ n atomic.Int64 }
+
+func (c *commandCounter) count(cmd redis.Cmder) {
+	if name := cmd.Name(); name == "evalsha" || name == "eval" {
+		c.n.Add(1)
+	}
+}
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			c.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// realBuckets returns the token bucket backends on real time: Local, and
+// Redis on the package's redis-server. tokens reads a key's tokens.
+func realBuckets(t *testing.T, l bucket.Limit) map[string]struct {
+	b      bucket.Bucket
+	tokens func(key string) float64
+} {
+	local := bucket.NewLocal(l)
+	rb := bucket.NewRedis(redistest.Client(t), l)
+	return map[string]struct {
+		b      bucket.Bucket
+		tokens func(key string) float64
+	}{
+		"local": {local, func(key string) float64 { return local.Tokens(key)[bucket.Requests] }},
+		"redis": {rb, func(key string) float64 {
+			c, err := rb.Tokens(context.Background(), key)
+			require.NoError(t, err)
+			return c[bucket.Requests]
+		}},
+	}
+}
+
+func uniqueKey(t *testing.T) string {
+	return t.Name() + "-" + time.Now().Format("150405.000000000")
+}
+
+// TestWaitNoHerd: 50 concurrent waiters on an empty bucket at 100/s are each
+// admitted once, one Redis call each, and wake about 10 ms apart in the
+// order of their slots instead of all at once.
+func TestWaitNoHerd(t *testing.T) {
+	rdb := redistest.Client(t)
+	var counter commandCounter
+	rdb.AddHook(&counter)
+	b := bucket.NewRedis(rdb, bucket.PerSecond(100))
+	key := uniqueKey(t)
+	ctx := context.Background()
+	r, err := b.Reserve(ctx, key, bucket.N(100), 0) // empty it (and load the script)
+	require.NoError(t, err)
+	require.True(t, r.OK)
+
+	const waiters = 50
+	counter.n.Store(0)
+	start := time.Now()
+	done := make([]time.Duration, waiters)
+	var wg sync.WaitGroup
+	for i := range waiters {
+		wg.Go(func() {
+			_, err := bucket.Wait(ctx, b, key, bucket.N(1))
+			assert.NoError(t, err)
+			done[i] = time.Since(start)
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int64(waiters), counter.n.Load(), "one Redis call per waiter")
+
+	slices.Sort(done)
+	gaps := make([]time.Duration, 0, waiters-1)
+	for i := 1; i < waiters; i++ {
+		gaps = append(gaps, done[i]-done[i-1])
+	}
+	slices.Sort(gaps)
+	median := gaps[len(gaps)/2]
+	spread := done[waiters-1] - done[0]
+	t.Logf("first %v, last %v, spread %v, median gap %v", done[0], done[waiters-1], spread, median)
+	// Slot i is 10*(i+1) ms after the bucket was emptied: nobody wakes early.
+	for i, d := range done {
+		assert.GreaterOrEqual(t, d, time.Duration(i+1)*10*time.Millisecond-2*time.Millisecond, "waiter %d woke early", i)
+	}
+	assert.InDelta(t, 490, spread.Milliseconds(), 60, "wake-ups spread over 49 slots")
+	assert.InDelta(t, 10, float64(median)/float64(time.Millisecond), 3, "median gap between wake-ups")
+}
+
+func TestWaitImpossibleFailsAtOnce(t *testing.T) {
+	for name, be := range realBuckets(t, bucket.Limit{Rate: 1, Burst: 2}) {
+		t.Run(name, func(t *testing.T) {
+			key := uniqueKey(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+
+			start := time.Now()
+			_, err := bucket.Wait(ctx, be.b, key, bucket.N(3))
+			assert.ErrorIs(t, err, bucket.ErrExceedsBurst)
+
+			_, err = bucket.Wait(ctx, be.b, key, bucket.N(2)) // empties the bucket
+			require.NoError(t, err)
+			// The next token is 1 s away, past the 300 ms deadline.
+			_, err = bucket.Wait(ctx, be.b, key, bucket.N(1))
+			var we *bucket.WaitError
+			require.True(t, errors.As(err, &we), "got %v", err)
+			assert.ErrorIs(t, err, bucket.ErrDeadline)
+			assert.InDelta(t, time.Second.Seconds(), we.RetryAfter.Seconds(), 0.1)
+			assert.Less(t, time.Since(start), 150*time.Millisecond, "must fail at once, not sleep")
+			assert.InDelta(t, 0, be.tokens(key), 0.2, "nothing taken by the failed wait")
+
+			// The same with a cap instead of a deadline.
+			_, err = bucket.WaitMax(context.Background(), be.b, key, bucket.N(1), 100*time.Millisecond)
+			assert.ErrorIs(t, err, bucket.ErrDeadline)
+
+			// A context already done takes nothing.
+			done, cancelDone := context.WithCancel(context.Background())
+			cancelDone()
+			_, err = bucket.Wait(done, be.b, key, bucket.N(1))
+			assert.ErrorIs(t, err, context.Canceled)
+			assert.InDelta(t, 0, be.tokens(key), 0.2)
+		})
+	}
+}
+
+func TestWaitCancelledRefunds(t *testing.T) {
+	for name, be := range realBuckets(t, bucket.Limit{Rate: 1, Burst: 1}) {
+		t.Run(name, func(t *testing.T) {
+			key := uniqueKey(t)
+			_, err := bucket.Wait(context.Background(), be.b, key, bucket.N(1))
+			require.NoError(t, err)
+
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				time.Sleep(50 * time.Millisecond)
+				cancel()
+			}()
+			start := time.Now()
+			r, err := bucket.Wait(ctx, be.b, key, bucket.N(1)) // slot 1 s away
+			assert.ErrorIs(t, err, context.Canceled)
+			assert.True(t, r.OK)
+			elapsed := time.Since(start)
+			assert.Less(t, elapsed, 500*time.Millisecond)
+			// Without the refund the key would be at -1 + elapsed.
+			assert.InDelta(t, elapsed.Seconds(), be.tokens(key), 0.1, "the cancelled wait's token came back")
+		})
+	}
+}
+
+// TestLocalConservation: goroutines hammering one Local key are admitted
+// no more than Burst + Rate*T.
+func TestLocalConservation(t *testing.T) {
+	lim := bucket.Limit{Rate: 2000, Burst: 50}
+	b := bucket.NewLocal(lim)
+	ctx := context.Background()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	end := start.Add(500 * time.Millisecond)
+	for range 16 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				r, err := b.Reserve(ctx, "hot", bucket.N(1), 0)
+				if err == nil && r.OK {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	bound := lim.Burst + lim.Rate*time.Since(start).Seconds()
+	t.Logf("admitted %d, bound %.1f", admitted.Load(), bound)
+	assert.LessOrEqual(t, float64(admitted.Load()), bound+1)
+	assert.GreaterOrEqual(t, float64(admitted.Load()), 0.95*bound)
+}
+
+// TestLocalForgetsIdleKeys: the map of keys stays bounded.
+func TestLocalForgetsIdleKeys(t *testing.T) {
+	clk := &fakeClock{t: epoch}
+	b := bucket.NewLocal(bucket.PerSecond(1), bucket.WithClock(clk))
+	ctx := context.Background()
+	for i := range 5000 {
+		_, err := b.Reserve(ctx, "k"+time.Duration(i).String(), bucket.N(1), 0)
+		require.NoError(t, err)
+		clk.Advance(10 * time.Millisecond) // keys refill within 1 s
+	}
+	assert.Less(t, b.Len(), 2048, "idle full keys are forgotten")
+}
