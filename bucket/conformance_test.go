@@ -73,7 +73,7 @@ func TestTokenBucketSemantics(t *testing.T) {
 				r, err := b.Reserve(ctx, "frac", bucket.N(1), 0)
 				require.NoError(t, err)
 				// 60/7 s = 8.571428571s, rounded up to the backend's unit.
-				assert.InDelta(t, (60*time.Second/7).Seconds(), r.RetryAfter.Seconds(), 1e-6)
+				assert.InDelta(t, (60 * time.Second / 7).Seconds(), r.RetryAfter.Seconds(), 1e-6)
 				assert.GreaterOrEqual(t, r.RetryAfter, 60*time.Second/7)
 				be.advance(1234567 * time.Microsecond)
 				assert.InDelta(t, 1.234567*7/60, be.tokens(t, "frac")[bucket.Requests], 1e-9)
