@@ -2,31 +2,58 @@ package bucket
 
 import "github.com/redis/go-redis/v9"
 
-// The scripts keep one HASH per key and dimension: t = tokens (negative in
-// debt), ts = when t was last refilled, in microseconds of Redis TIME. Every
-// time is an integer number of microseconds: exact in a Lua double, and
-// written with %d since tostring keeps only 14 digits. A key expires once it
-// would have refilled completely, so idle keys disappear.
+// The scripts keep one HASH per key and dimension:
+//
+//	t   tokens, negative while in debt
+//	ts  when t was last refilled, in microseconds of Redis TIME
+//	x   when the key is set to expire, in microseconds
+//
+// Times are integer microseconds: exact in a Lua double and written with %d,
+// since tostring keeps only 14 digits. A key must outlive its refill (and
+// debt): a key that vanished early would come back full. The expiry is
+// pushed out only when that need passes x, and then past it by one more
+// refill time (1 to 60 s), so a hot key does not pay a PEXPIREAT per call,
+// and an idle key disappears soon after it is full again.
 //
 // ARGV of every script: ARGV[1] is operation-specific, then one triple per
 // key: rate (tokens/s), burst, amount.
 
+// luaRefill reads KEYS[i] into tk (tokens now, refilled and clamped) and x.
+const luaRefill = `
+  local rate, burst, amount = tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i]), tonumber(ARGV[3*i+1])
+  local s = redis.call('HMGET', key, 't', 'ts', 'x')
+  local tk, x = burst, 0
+  if s[1] then
+    tk = math.min(burst, tonumber(s[1]) + math.max(0, now - tonumber(s[2])) * rate / 1e6)
+    x = tonumber(s[3]) or 0
+  end
+`
+
+// luaStore writes tk for KEYS[i] at now, extending its expiry if needed.
+const luaStore = `
+  local full = now + math.ceil((burst - tk) * 1e6 / rate) + 1e6
+  if full > x then
+    x = full + math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)
+    redis.call('HSET', key, 't', tk, 'ts', string.format('%d', now), 'x', string.format('%d', x))
+    redis.call('PEXPIREAT', key, math.ceil(x / 1000))
+  else
+    redis.call('HSET', key, 't', tk, 'ts', string.format('%d', now))
+  end
+`
+
+const luaNow = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+`
+
 // reserveScript takes each KEYS[i]'s amount if all of them can be taken
 // within ARGV[1] microseconds, all or nothing. It returns {1, wait} when
 // taken (wait is 0 if the tokens were there) or {0, wait} when not.
-var reserveScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local left, wait = {}, 0
-for i, key in ipairs(KEYS) do
-  local rate, burst, cost = tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i]), tonumber(ARGV[3*i+1])
-  local s = redis.call('HMGET', key, 't', 'ts')
-  local tk = burst
-  if s[1] then
-    tk = math.min(burst, tonumber(s[1]) + math.max(0, now - tonumber(s[2])) * rate / 1e6)
-  end
-  tk = tk - cost
-  left[i] = tk
+var reserveScript = redis.NewScript(luaNow + `
+local left, exp, wait = {}, {}, 0
+for i, key in ipairs(KEYS) do` + luaRefill + `
+  tk = tk - amount
+  left[i], exp[i] = tk, x
   if tk < 0 then
     wait = math.max(wait, math.ceil(-tk * 1e6 / rate))
   end
@@ -34,32 +61,18 @@ end
 if wait > tonumber(ARGV[1]) then
   return {0, wait}
 end
-local ts = string.format('%d', now)
 for i, key in ipairs(KEYS) do
-  local rate, burst = tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
-  redis.call('HSET', key, 't', left[i], 'ts', ts)
-  redis.call('PEXPIRE', key, math.ceil((burst - left[i]) * 1000 / rate) + 1000)
+  local rate, burst, tk, x = tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i]), left[i], exp[i]` + luaStore + `
 end
 return {1, wait}
 `)
 
 // adjustScript refills each KEYS[i], then subtracts its amount (a negative
 // amount refunds, never above burst). ARGV[1] is unused.
-var adjustScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local ts = string.format('%d', now)
-for i, key in ipairs(KEYS) do
-  local rate, burst, delta = tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i]), tonumber(ARGV[3*i+1])
-  local s = redis.call('HMGET', key, 't', 'ts')
-  local tk = burst
-  if s[1] then
-    tk = math.min(burst, tonumber(s[1]) + math.max(0, now - tonumber(s[2])) * rate / 1e6)
-  end
-  tk = math.min(burst, tk - delta)
-  if tk < burst then
-    redis.call('HSET', key, 't', tk, 'ts', ts)
-    redis.call('PEXPIRE', key, math.ceil((burst - tk) * 1000 / rate) + 1000)
+var adjustScript = redis.NewScript(luaNow + `
+for i, key in ipairs(KEYS) do` + luaRefill + `
+  tk = math.min(burst, tk - amount)
+  if tk < burst then` + luaStore + `
   else
     redis.call('DEL', key)
   end
@@ -69,17 +82,9 @@ return 1
 
 // tokensScript returns each KEYS[i]'s tokens now, as strings, changing
 // nothing. ARGV[1] and the amounts are unused.
-var tokensScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
+var tokensScript = redis.NewScript(luaNow + `
 local out = {}
-for i, key in ipairs(KEYS) do
-  local rate, burst = tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
-  local s = redis.call('HMGET', key, 't', 'ts')
-  local tk = burst
-  if s[1] then
-    tk = math.min(burst, tonumber(s[1]) + math.max(0, now - tonumber(s[2])) * rate / 1e6)
-  end
+for i, key in ipairs(KEYS) do` + luaRefill + `
   out[i] = string.format('%.17g', tk)
 end
 return out
