@@ -137,14 +137,14 @@ func freePort() (int, error) {
 
 var (
 	pkgServer *Server
-	pkgErr    = errors.New("redistest: Main was not called")
+	errPkg    = errors.New("redistest: Main was not called")
 )
 
 // Main runs a test package with a private redis-server shared by its tests:
 // call it from TestMain. If none can be started, tests that call Client or
 // Addr skip (or fail, with SLUICE_STRICT=1).
 func Main(m *testing.M) {
-	pkgServer, pkgErr = Start()
+	pkgServer, errPkg = Start()
 	code := m.Run()
 	if pkgServer != nil {
 		pkgServer.Stop()
@@ -156,7 +156,7 @@ func Main(m *testing.M) {
 func Addr(t testing.TB) string {
 	t.Helper()
 	if pkgServer == nil {
-		Unavailable(t, pkgErr)
+		Unavailable(t, errPkg)
 	}
 	return pkgServer.Addr
 }
