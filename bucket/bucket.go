@@ -81,7 +81,7 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 		// caller can have it. The refund must outlive the cancelled ctx.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 		defer cancel()
-		if rerr := b.Adjust(rctx, key, cost.neg()); rerr != nil {
+		if rerr := b.Adjust(rctx, key, cost.Neg()); rerr != nil {
 			return r, errors.Join(ctx.Err(), rerr)
 		}
 		return r, ctx.Err()

@@ -53,8 +53,9 @@ type Cost map[string]float64
 // N is shorthand for Cost{Requests: n}.
 func N(n float64) Cost { return Cost{Requests: n} }
 
-// neg returns the cost with every amount negated: the delta that refunds c.
-func (c Cost) neg() Cost {
+// Neg returns c with every amount negated: the delta that refunds c
+// through Adjust.
+func (c Cost) Neg() Cost {
 	d := make(Cost, len(c))
 	for k, v := range c {
 		d[k] = -v

@@ -1,0 +1,17 @@
+package transport_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	// A fleet worker is this test binary started again by TestFleet: it runs
+	// its share of the workload and exits before any test is run.
+	if os.Getenv(fleetWorkerEnv) != "" {
+		os.Exit(fleetWorker())
+	}
+	redistest.Main(m)
+}

@@ -1,0 +1,57 @@
+package transport
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// pauses holds, per key, the time before which this process sends nothing
+// on it: what a 429 or 503 asked for with Retry-After. It is safe for
+// concurrent use; the common case, no pause at all, takes no lock.
+type pauses struct {
+	n  atomic.Int64 // len(m)
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+// until returns the end of key's pause, or the zero time if it is not
+// paused at now.
+func (p *pauses) until(key string, now time.Time) time.Time {
+	if p.n.Load() == 0 {
+		return time.Time{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.m[key]
+	if !ok {
+		return time.Time{}
+	}
+	if !t.After(now) {
+		delete(p.m, key)
+		p.n.Store(int64(len(p.m)))
+		return time.Time{}
+	}
+	return t
+}
+
+// pause holds key back until t, unless it already is for longer.
+func (p *pauses) pause(key string, t, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = make(map[string]time.Time)
+	}
+	if old, ok := p.m[key]; ok && !t.After(old) {
+		return
+	}
+	if len(p.m) >= 1024 { // forget pauses that are over
+		for k, u := range p.m {
+			if !u.After(now) {
+				delete(p.m, k)
+			}
+		}
+	}
+	p.m[key] = t
+	p.n.Store(int64(len(p.m)))
+}

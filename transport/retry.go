@@ -1,0 +1,237 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// Retry says which attempts are tried again, and after how long. The zero
+// value is the default policy. An attempt is retried, up to MaxAttempts,
+// when its request body can be replayed (no body, or GetBody is set) and:
+//
+//   - the response is 429, 503 or 529: the upstream turned the request away
+//     before processing it, so any method is retried; except a 429 that says
+//     the quota is exhausted (OpenAI's "insufficient_quota"), which waiting
+//     will not fix;
+//   - the response is 408, 500, 502 or 504, or the attempt failed without a
+//     response (a connection error; not a cancelled context, nor a
+//     certificate error), and the request is idempotent: GET, HEAD,
+//     OPTIONS, TRACE, PUT or DELETE, or one that carries an Idempotency-Key
+//     (or X-Idempotency-Key) header; with NonIdempotent, any request;
+//   - never for 501 nor any other status;
+//   - but a response header "x-should-retry: true" or "false" decides for
+//     any status of 400 and above.
+//
+// The wait before a retry is the delay the response asks for, in
+// retry-after-ms or Retry-After (seconds or an HTTP-date), or else the next
+// exponential backoff interval; a random extra of up to Jitter times that
+// delay is added, never taken off. A response that asks for more than
+// MaxRetryAfter is returned as it is, and so is one whose retry would start
+// after the request context's deadline.
+type Retry struct {
+	// MaxAttempts is the most attempts made for one request, the first
+	// included; 1 disables retries. Zero means 3.
+	MaxAttempts int
+	// InitialInterval, Multiplier and MaxInterval shape the backoff used
+	// when a response names no delay (backoff/v4's ExponentialBackOff,
+	// without its randomization): the n-th retry waits
+	// InitialInterval·Multiplier^(n-1), at most MaxInterval, before jitter.
+	// Zero means 500ms, 2 and 8s.
+	InitialInterval time.Duration
+	Multiplier      float64
+	MaxInterval     time.Duration
+	// Jitter is the largest random extra added to a delay, as a fraction of
+	// it. Zero means 0.2; negative means none.
+	Jitter float64
+	// MaxRetryAfter is the longest Retry-After honoured, and the longest a
+	// 429 or 503 holds back the other requests of its key. Zero means 60s.
+	MaxRetryAfter time.Duration
+	// NonIdempotent retries 408, 500, 502, 504 and connection errors for
+	// every request, not only idempotent ones.
+	NonIdempotent bool
+}
+
+// Default values of Retry's fields.
+const (
+	defaultMaxAttempts     = 3
+	defaultInitialInterval = 500 * time.Millisecond
+	defaultMultiplier      = 2
+	defaultMaxInterval     = 8 * time.Second
+	defaultJitter          = 0.2
+	defaultMaxRetryAfter   = 60 * time.Second
+)
+
+// validate panics on a policy no program means to set.
+func (r Retry) validate() {
+	bad := func(field string, v any) {
+		panic(fmt.Sprintf("transport: invalid Retry.%s %v", field, v))
+	}
+	switch {
+	case r.MaxAttempts < 0:
+		bad("MaxAttempts", r.MaxAttempts)
+	case r.InitialInterval < 0:
+		bad("InitialInterval", r.InitialInterval)
+	case r.MaxInterval < 0:
+		bad("MaxInterval", r.MaxInterval)
+	case r.MaxRetryAfter < 0:
+		bad("MaxRetryAfter", r.MaxRetryAfter)
+	case math.IsNaN(r.Multiplier) || math.IsInf(r.Multiplier, 0) || r.Multiplier < 0 || (r.Multiplier > 0 && r.Multiplier < 1):
+		bad("Multiplier", r.Multiplier)
+	case math.IsNaN(r.Jitter) || math.IsInf(r.Jitter, 0):
+		bad("Jitter", r.Jitter)
+	}
+}
+
+// withDefaults returns r with zero fields set to their defaults, and Jitter
+// the fraction actually used.
+func (r Retry) withDefaults() Retry {
+	if r.MaxAttempts == 0 {
+		r.MaxAttempts = defaultMaxAttempts
+	}
+	if r.InitialInterval == 0 {
+		r.InitialInterval = defaultInitialInterval
+	}
+	if r.Multiplier == 0 {
+		r.Multiplier = defaultMultiplier
+	}
+	if r.MaxInterval == 0 {
+		r.MaxInterval = defaultMaxInterval
+	}
+	switch {
+	case r.Jitter == 0:
+		r.Jitter = defaultJitter
+	case r.Jitter < 0:
+		r.Jitter = 0
+	}
+	if r.MaxRetryAfter == 0 {
+		r.MaxRetryAfter = defaultMaxRetryAfter
+	}
+	return r
+}
+
+// newBackOff returns a fresh ExponentialBackOff for one request (it is not
+// safe for concurrent use). Randomization is left to jitter, which only adds.
+func (r *Retry) newBackOff() *backoff.ExponentialBackOff {
+	return backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(r.InitialInterval),
+		backoff.WithRandomizationFactor(0),
+		backoff.WithMultiplier(r.Multiplier),
+		backoff.WithMaxInterval(r.MaxInterval),
+		backoff.WithMaxElapsedTime(0),
+	)
+}
+
+// statusOverloaded is the status some providers (Anthropic) use for an
+// overloaded upstream.
+const statusOverloaded = 529
+
+// retryableStatus reports whether a response with this status may be
+// retried, before x-should-retry and the quota check: always (rejected
+// before processing), only if idempotent, or never.
+func retryableStatus(code int) (always, ifIdempotent bool) {
+	switch code {
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable, statusOverloaded:
+		return true, false
+	case http.StatusRequestTimeout, http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+		return false, true
+	}
+	return false, false
+}
+
+// shouldRetryHeader returns the verdict of x-should-retry, if it gives one.
+func shouldRetryHeader(h http.Header) (retry, ok bool) {
+	switch h.Get("X-Should-Retry") {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
+}
+
+// idempotent reports whether req may be sent twice with no harm.
+func idempotent(req *http.Request) bool {
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	_, ok := req.Header["Idempotency-Key"]
+	if !ok {
+		_, ok = req.Header["X-Idempotency-Key"]
+	}
+	return ok
+}
+
+// replayable reports whether req's body can be sent again.
+func replayable(req *http.Request) bool {
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+}
+
+// retryableError reports whether an attempt that failed with err, and no
+// response, failed for a reason a new connection may not have: not a
+// cancelled context, a certificate that does not verify, nor an HTTPS
+// request to an HTTP server.
+func retryableError(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, http.ErrSchemeMismatch) {
+		return false
+	}
+	var (
+		verr  *tls.CertificateVerificationError
+		uaerr x509.UnknownAuthorityError
+		herr  x509.HostnameError
+		cierr x509.CertificateInvalidError
+	)
+	return !errors.As(err, &verr) && !errors.As(err, &uaerr) && !errors.As(err, &herr) && !errors.As(err, &cierr)
+}
+
+// retryAfter returns the delay that h asks for: retry-after-ms if valid,
+// else Retry-After in seconds or as an HTTP-date (a date in the past asks for
+// none).
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+	if v := h.Get("Retry-After-Ms"); v != "" {
+		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && !math.IsInf(ms, 0) {
+			return fromFloat(ms * float64(time.Millisecond)), true
+		}
+	}
+	v := h.Get("Retry-After")
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseFloat(v, 64); err == nil {
+		if s >= 0 && !math.IsInf(s, 0) {
+			return fromFloat(s * float64(time.Second)), true
+		}
+		return 0, false
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now), 0), true
+	}
+	return 0, false
+}
+
+// fromFloat converts nanoseconds to a Duration, rounding up and saturating.
+func fromFloat(ns float64) time.Duration {
+	if ns >= float64(bucket.Unlimited) {
+		return bucket.Unlimited
+	}
+	return time.Duration(math.Ceil(ns))
+}
+
+// jitter adds to d a random extra of up to r.Jitter·d; u is uniform in [0, 1).
+func (r *Retry) jitter(d time.Duration, u float64) time.Duration {
+	if r.Jitter <= 0 || d <= 0 {
+		return d
+	}
+	return fromFloat(float64(d) * (1 + r.Jitter*u))
+}

@@ -1,0 +1,398 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sony/gobreaker/v2"
+)
+
+// Transport is an http.RoundTripper that sends each request through base
+// once the request's key has the quota for it. Every attempt, retries
+// included, waits on the bucket (WithBucket), then asks the circuit breaker
+// (WithBreaker), then sends a clone of the request; a failed attempt is
+// retried as Retry describes. The response returned is the last attempt's,
+// unread and untouched: its body streams as the upstream writes it.
+//
+// A 429 or 503 (or 529) with a Retry-After holds back every request of its
+// key sent through this Transport until that time (at most
+// Retry.MaxRetryAfter).
+//
+// Transport is safe for concurrent use.
+type Transport struct {
+	base    http.RoundTripper
+	cfg     config
+	breaker *breaker // nil: none
+	pauses  pauses
+	metrics *metrics
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// New returns a Transport that sends requests through base
+// (http.DefaultTransport if nil).
+func New(base http.RoundTripper, opts ...Option) *Transport {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	t := &Transport{base: base, cfg: newConfig(opts)}
+	t.metrics = newMetrics(t.cfg.meters)
+	if t.cfg.breaker != nil {
+		t.breaker = newBreaker(*t.cfg.breaker, t.breakerChanged)
+		t.metrics.breakerState(t.breaker.name, gobreaker.StateClosed)
+	}
+	return t
+}
+
+// NewClient returns an http.Client whose Transport is New(nil, opts...).
+func NewClient(opts ...Option) *http.Client {
+	return &http.Client{Transport: New(nil, opts...)}
+}
+
+// CloseIdleConnections closes the idle connections of the base
+// RoundTripper, if it has a CloseIdleConnections method.
+func (t *Transport) CloseIdleConnections() {
+	if c, ok := t.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
+// RoundTrip implements http.RoundTripper. It never modifies req. Errors
+// are the base RoundTripper's, the context's, a *BreakerError, or the
+// bucket's wrapped (a wait that would pass the deadline or the max wait
+// errors.Is bucket.ErrDeadline). When a retry cannot be sent (its wait
+// would pass the deadline or the max wait, the breaker refuses it, the
+// bucket or GetBody fails) the previous response is returned instead, with
+// a nil error, if it was short enough (4 KiB) to be kept in memory.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	key := t.cfg.key(req)
+	var cost bucket.Cost
+	if t.cfg.bucket != nil {
+		cost = t.cfg.cost(req)
+	}
+	var (
+		bo   *backoff.ExponentialBackOff // made at the first backoff
+		last *http.Response              // the discarded response, kept in memory
+	)
+	for n := 1; ; n++ {
+		resp, sent, err := t.attempt(ctx, req, key, cost, n)
+		if !sent {
+			if n == 1 && req.Body != nil {
+				req.Body.Close() // a RoundTripper always closes the body
+			}
+			if last != nil && ctx.Err() == nil {
+				if l := t.logger(ctx); l != nil {
+					logReq(ctx, l, req, "sluice: retry not sent, returning the previous response",
+						slog.Int("attempt", n), slog.Int("status", last.StatusCode), errAttr(err))
+				}
+				return last, nil
+			}
+			return nil, err
+		}
+		last = nil
+		delay, retry := t.retryDelay(ctx, req, resp, err, n, &bo)
+		if !retry {
+			return resp, err
+		}
+		code := 0
+		if resp != nil {
+			code = resp.StatusCode
+			if buf, whole := drain(resp.Body); whole {
+				kept := *resp
+				kept.Body = io.NopCloser(bytes.NewReader(buf))
+				last = &kept
+			}
+		}
+		t.metrics.retry(ctx, code)
+		if l := t.logger(ctx); l != nil {
+			logReq(ctx, l, req, "sluice: retrying", slog.Int("attempt", n), slog.Int("status", code),
+				slog.Duration("delay", delay), errAttr(err))
+		}
+		if err := t.cfg.sleep(ctx, delay); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// attempt makes attempt n of req: it waits for key's pause and the bucket,
+// asks the breaker, and sends a clone of req through base. sent reports
+// whether it got as far as base. err is nil whenever resp is not.
+func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, cost bucket.Cost, n int) (resp *http.Response, sent bool, err error) {
+	if t.breaker != nil {
+		if err := t.breaker.open(); err != nil {
+			t.metrics.attempt(ctx, outcomeBreakerOpen)
+			return nil, false, err
+		}
+	}
+	start := t.cfg.now()
+	if err := t.wait(ctx, key, cost, start); err != nil {
+		t.metrics.attempt(ctx, waitOutcome(ctx, err))
+		return nil, false, err
+	}
+	waited := t.cfg.now().Sub(start)
+	t.metrics.waited(ctx, waited)
+
+	body := req.Body
+	if n > 1 && body != nil && body != http.NoBody {
+		if body, err = req.GetBody(); err != nil {
+			t.refund(ctx, key, cost)
+			t.metrics.attempt(ctx, outcomeError)
+			return nil, false, fmt.Errorf("transport: GetBody: %w", err)
+		}
+	}
+	var done func(error)
+	if t.breaker != nil {
+		if done, err = t.breaker.allow(); err != nil {
+			if n > 1 && body != nil {
+				body.Close()
+			}
+			t.refund(ctx, key, cost)
+			t.metrics.attempt(ctx, outcomeBreakerOpen)
+			return nil, false, err
+		}
+	}
+
+	// The attempt runs in the caller's context: a context of its own would
+	// have to live until the body is closed, and costs 3% of throughput.
+	r := req.Clone(ctx)
+	r.Body = body
+	resp, err = t.base.RoundTrip(r)
+	if err != nil && resp != nil { // a broken base: err wins
+		if resp.Body != nil {
+			resp.Body.Close()
+		}
+		resp = nil
+	}
+	if err == nil && resp == nil {
+		err = errors.New("transport: base RoundTripper returned no response and no error")
+	}
+	if done != nil {
+		done(outcomeErr(ctx, resp, err))
+	}
+	if err != nil {
+		o := outcomeError
+		if ctx.Err() != nil {
+			o = outcomeCanceled
+		}
+		t.metrics.attempt(ctx, o)
+		if l := t.logger(ctx); l != nil {
+			logReq(ctx, l, req, "sluice: attempt failed", slog.Int("attempt", n),
+				slog.Duration("waited", waited), errAttr(err))
+		}
+		return nil, true, err
+	}
+	t.metrics.attempt(ctx, responseOutcome(resp.StatusCode))
+	t.observe(key, resp)
+	if l := t.logger(ctx); l != nil {
+		logReq(ctx, l, req, "sluice: attempt", slog.Int("attempt", n),
+			slog.Duration("waited", waited), slog.Int("status", resp.StatusCode))
+	}
+	return resp, true, nil
+}
+
+// wait holds the attempt back until key's pause is over and the bucket has
+// its cost, within the max wait and ctx's deadline.
+func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now time.Time) error {
+	maxWait := t.cfg.maxWait
+	if until := t.pauses.until(key, now); !until.IsZero() {
+		d := until.Sub(now)
+		allowed := maxWait
+		if dl, ok := ctx.Deadline(); ok {
+			allowed = max(min(allowed, dl.Sub(now)), 0)
+		}
+		if d > allowed {
+			return fmt.Errorf("transport: key paused by Retry-After: %w",
+				&bucket.WaitError{RetryAfter: d, MaxWait: allowed})
+		}
+		if err := t.cfg.sleep(ctx, d); err != nil {
+			return err
+		}
+		if maxWait != bucket.Unlimited {
+			maxWait -= d
+		}
+	}
+	if t.cfg.bucket == nil {
+		return nil
+	}
+	if _, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait); err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return err
+		}
+		return fmt.Errorf("transport: %w", err)
+	}
+	return nil
+}
+
+func waitOutcome(ctx context.Context, err error) outcome {
+	switch {
+	case errors.Is(err, bucket.ErrDeadline):
+		return outcomeWaitExceeded
+	case ctx.Err() != nil:
+		return outcomeCanceled
+	}
+	return outcomeBucketError
+}
+
+// refund gives back the cost of an attempt that waited but was not sent.
+func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
+	if t.cfg.bucket == nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := t.cfg.bucket.Adjust(rctx, key, cost.Neg()); err != nil {
+		t.debugKey(ctx, "sluice: refund failed", errAttr(err))
+	}
+}
+
+// observe holds key back in this process for as long as a 429, 503 or 529
+// asks (at most MaxRetryAfter).
+//
+// TODO(adaptive): pass the feedback to bucket.Observe, fleet-wide.
+func (t *Transport) observe(key string, resp *http.Response) {
+	switch resp.StatusCode {
+	case http.StatusTooManyRequests, http.StatusServiceUnavailable, statusOverloaded:
+	default:
+		return
+	}
+	now := t.cfg.now()
+	if ra, ok := retryAfter(resp.Header, now); ok && ra > 0 {
+		t.pauses.pause(key, now.Add(min(ra, t.cfg.retry.MaxRetryAfter)), now)
+	}
+}
+
+// retryDelay decides whether attempt n, which ended with resp or err, is
+// retried (see Retry) and after how long.
+func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *http.Response, err error, n int, bo **backoff.ExponentialBackOff) (time.Duration, bool) {
+	r := &t.cfg.retry
+	if n >= r.MaxAttempts || !replayable(req) {
+		return 0, false
+	}
+	if err != nil {
+		if !retryableError(ctx, err) || !(r.NonIdempotent || idempotent(req)) {
+			return 0, false
+		}
+	} else {
+		if resp.StatusCode < 400 {
+			return 0, false
+		}
+		if v, ok := shouldRetryHeader(resp.Header); ok {
+			if !v {
+				return 0, false
+			}
+		} else {
+			switch always, ifIdempotent := retryableStatus(resp.StatusCode); {
+			case always:
+				if resp.StatusCode == http.StatusTooManyRequests && bytes.Contains(peekBody(resp), insufficientQuota) {
+					if l := t.logger(ctx); l != nil {
+						logReq(ctx, l, req, "sluice: quota exhausted, not retrying", slog.Int("attempt", n))
+					}
+					return 0, false
+				}
+			case ifIdempotent:
+				if !r.NonIdempotent && !idempotent(req) {
+					return 0, false
+				}
+			default:
+				return 0, false
+			}
+		}
+	}
+
+	now := t.cfg.now()
+	var d time.Duration
+	ra, ok := time.Duration(0), false
+	if resp != nil {
+		ra, ok = retryAfter(resp.Header, now)
+	}
+	if ok {
+		if ra > r.MaxRetryAfter {
+			if l := t.logger(ctx); l != nil {
+				logReq(ctx, l, req, "sluice: Retry-After too long, not retrying", slog.Int("attempt", n),
+					slog.Duration("retry_after", ra))
+			}
+			return 0, false
+		}
+		d = ra
+	} else {
+		if *bo == nil {
+			*bo = r.newBackOff()
+		}
+		d = min((*bo).NextBackOff(), r.MaxInterval)
+	}
+	d = r.jitter(d, t.cfg.rand())
+	if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
+		if l := t.logger(ctx); l != nil {
+			logReq(ctx, l, req, "sluice: retry would pass the deadline, not retrying", slog.Int("attempt", n),
+				slog.Duration("delay", d))
+		}
+		return 0, false
+	}
+	return d, true
+}
+
+var insufficientQuota = []byte("insufficient_quota")
+
+// breakerChanged records and logs a state change of the breaker.
+func (t *Transport) breakerChanged(name string, from, to gobreaker.State) {
+	t.metrics.breakerState(name, to)
+	t.debugKey(context.Background(), "sluice: circuit breaker state changed",
+		slog.String("breaker", name), slog.String("from", from.String()), slog.String("to", to.String()))
+}
+
+// logger returns the logger to use if debug logs are enabled, or nil.
+func (t *Transport) logger(ctx context.Context) *slog.Logger {
+	l := t.cfg.logger
+	if l == nil {
+		l = slog.Default()
+	}
+	if !l.Enabled(ctx, slog.LevelDebug) {
+		return nil
+	}
+	return l
+}
+
+// logReq logs msg about req at debug level: its method and URL without
+// query or user info, never a header. Callers check t.logger first, so that
+// nothing is built for a log line that is not wanted.
+func logReq(ctx context.Context, l *slog.Logger, req *http.Request, msg string, attrs ...slog.Attr) {
+	attrs = append(attrs, slog.String("method", req.Method), slog.String("url", redact(req.URL)))
+	l.LogAttrs(ctx, slog.LevelDebug, msg, attrs...)
+}
+
+func (t *Transport) debugKey(ctx context.Context, msg string, attrs ...slog.Attr) {
+	if l := t.logger(ctx); l != nil {
+		l.LogAttrs(ctx, slog.LevelDebug, msg, attrs...)
+	}
+}
+
+// redact returns u without user info, query or fragment.
+func redact(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
+	return u.Scheme + "://" + u.Host + u.EscapedPath()
+}
+
+// errAttr is err for a log line; a *url.Error is reduced to its cause, since
+// its URL may carry a query.
+func errAttr(err error) slog.Attr {
+	if err == nil {
+		return slog.Attr{}
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return slog.String("err", err.Error())
+}
