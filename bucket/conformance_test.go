@@ -137,6 +137,18 @@ func TestTokenBucketSemantics(t *testing.T) {
 				assert.Equal(t, bucket.Cost{bucket.Requests: 5, bucket.Tokens: 100}, be.tokens(t, "impossible"))
 			})
 
+			// Regression: amounts and waits like 1e6 were sent as "1e+06",
+			// which gopher-lua's tonumber (miniredis) does not read.
+			t.Run("large amounts and waits", func(t *testing.T) {
+				b := be.new(t, bucket.PerSecond(1), bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 1e6, Burst: 2e6}))
+				cost := bucket.Cost{bucket.Tokens: 1e6}
+				for _, want := range []time.Duration{0, 0, time.Second} {
+					r, err := b.Reserve(ctx, "large", cost, 1000*time.Second)
+					require.NoError(t, err)
+					assert.Equal(t, bucket.Reservation{OK: true, Delay: want}, r)
+				}
+			})
+
 			t.Run("unlimited dimensions are free", func(t *testing.T) {
 				b := be.new(t, bucket.PerSecond(1))
 				r, err := b.Reserve(ctx, "free", bucket.Cost{"images": 1e9}, 0)

@@ -128,7 +128,7 @@ func (w *windowed) prepare(key string, cost Cost, reserve bool, head ...any) ([]
 			args = append(args, head...)
 		}
 		keys = append(keys, w.redisKey(key, d.name))
-		args = append(args, w.window[i], d.burst, strconv.FormatFloat(v, 'g', -1, 64))
+		args = append(args, w.window[i], d.burst, scriptArg(v))
 	}
 	return keys, args, nil
 }

@@ -67,8 +67,8 @@ func (c Cost) Neg() Cost {
 type dim struct {
 	name  string
 	limit Limit
-	// pre-formatted for the Redis scripts
-	rate, burst string
+	// pre-formatted (and boxed) for the Redis scripts
+	rate, burst any
 }
 
 func (d dim) checkCost(v float64) error {
@@ -82,6 +82,23 @@ func (d dim) checkCost(v float64) error {
 }
 
 func (d dim) String() string { return fmt.Sprintf("%s %v", d.name, d.limit) }
+
+// smallAmounts are the script arguments for the whole amounts 0 to 99.
+var smallAmounts = func() (a [100]any) {
+	for i := range a {
+		a[i] = strconv.Itoa(i)
+	}
+	return a
+}()
+
+// scriptArg formats v as a Redis script argument; the common small whole
+// amounts come preformatted, with no allocation.
+func scriptArg(v float64) any {
+	if v >= 0 && v < float64(len(smallAmounts)) && v == math.Trunc(v) {
+		return smallAmounts[int(v)]
+	}
+	return strconv.FormatFloat(v, 'f', -1, 64)
+}
 
 // checkDelta rejects an Adjust amount that is not finite.
 func checkDelta(dim string, v float64) error {

@@ -2,7 +2,6 @@ package bucket
 
 import (
 	"sort"
-	"strconv"
 	"time"
 )
 
@@ -76,8 +75,8 @@ func newConfig(requests Limit, opts []Option) (config, []dim) {
 		dims = append(dims, dim{
 			name:  name,
 			limit: l,
-			rate:  strconv.FormatFloat(l.Rate, 'g', -1, 64),
-			burst: strconv.FormatFloat(l.Burst, 'g', -1, 64),
+			rate:  scriptArg(l.Rate),
+			burst: scriptArg(l.Burst),
 		})
 	}
 	sort.Slice(dims, func(i, j int) bool { return dims[i].name < dims[j].name })

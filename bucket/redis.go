@@ -33,7 +33,7 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 // Reserve implements Bucket with one call to Redis (or none, if cost charges
 // no limited dimension).
 func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
-	keys, args, err := r.prepare(key, cost, strconv.FormatInt(max(maxWait, 0).Microseconds(), 10), true)
+	keys, args, err := r.prepare(key, cost, scriptArg(float64(max(maxWait, 0).Microseconds())), true)
 	if err != nil || len(keys) == 0 {
 		return Reservation{OK: err == nil}, err
 	}
@@ -53,7 +53,7 @@ func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time
 
 // Adjust implements Bucket with one call to Redis.
 func (r *Redis) Adjust(ctx context.Context, key string, delta Cost) error {
-	keys, args, err := r.prepare(key, delta, "0", false)
+	keys, args, err := r.prepare(key, delta, smallAmounts[0], false)
 	if err != nil || len(keys) == 0 {
 		return err
 	}
@@ -88,7 +88,7 @@ func (r *Redis) Tokens(ctx context.Context, key string) (Cost, error) {
 
 // prepare builds the KEYS and ARGV of a script for the dimensions cost
 // charges. With reserve, amounts are checked against the limits.
-func (r *Redis) prepare(key string, cost Cost, arg1 string, reserve bool) ([]string, []any, error) {
+func (r *Redis) prepare(key string, cost Cost, arg1 any, reserve bool) ([]string, []any, error) {
 	var keys []string
 	var args []any
 	for i := range r.dims {
@@ -110,7 +110,7 @@ func (r *Redis) prepare(key string, cost Cost, arg1 string, reserve bool) ([]str
 			args[0] = arg1
 		}
 		keys = append(keys, r.redisKey(key, d.name))
-		args = append(args, d.rate, d.burst, strconv.FormatFloat(v, 'g', -1, 64))
+		args = append(args, d.rate, d.burst, scriptArg(v))
 	}
 	return keys, args, nil
 }
