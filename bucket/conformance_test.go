@@ -149,6 +149,19 @@ func TestTokenBucketSemantics(t *testing.T) {
 				}
 			})
 
+			// Regression: a remainder of 2e-6 tokens was written as "2e-06",
+			// which miniredis then failed to read.
+			t.Run("tiny remainders", func(t *testing.T) {
+				b := be.new(t, bucket.Limit{Rate: 1, Burst: 2})
+				_, err := b.Reserve(ctx, "tiny", bucket.N(2), 0)
+				require.NoError(t, err)
+				require.NoError(t, b.Adjust(ctx, "tiny", bucket.N(-0.000002)))
+				assert.InDelta(t, 2e-6, be.tokens(t, "tiny")[bucket.Requests], 1e-9)
+				r, err := b.Reserve(ctx, "tiny", bucket.N(0.5), time.Second)
+				require.NoError(t, err)
+				assert.Equal(t, bucket.Reservation{OK: true, Delay: 499998 * time.Microsecond}, r)
+			})
+
 			t.Run("unlimited dimensions are free", func(t *testing.T) {
 				b := be.new(t, bucket.PerSecond(1))
 				r, err := b.Reserve(ctx, "free", bucket.Cost{"images": 1e9}, 0)

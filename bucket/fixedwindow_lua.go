@@ -5,7 +5,8 @@ import "github.com/redis/go-redis/v9"
 // The fixed-window scripts keep one HASH per key and dimension: field = the
 // window's number, floor(time / window), value = the cost counted in it.
 // Times are integer microseconds of Redis TIME, exact in a Lua double, and
-// written with %d since tostring keeps only 14 digits. Lua tables are
+// written with %d since tostring keeps only 14 digits. Counts are written
+// by num (see luaNum). Lua tables are
 // keyed by the field strings, not by window numbers: gopher-lua (in
 // miniredis) would allocate an array as long as the number. Fields of past
 // windows are deleted by the next write; the key expires a second after the
@@ -19,7 +20,7 @@ import "github.com/redis/go-redis/v9"
 // at/w = k - e with e >= 1/w, while rounding moves a quotient below k by at
 // most half an ulp of k, k·2^-53, which is less than 1/w as k·w < at + w.
 // Times stay below 2^52 µs until 2112, and windows are at most 2^52 µs.
-const fixedWindowIndex = `
+const fixedWindowIndex = luaNum + `
 local function index(at, w)
   return math.floor(at / w)
 end
@@ -77,7 +78,7 @@ for i = 1, n do
   local j = index(at, w)
   local f = string.format('%d', j)
   c[f] = (c[f] or 0) + cost[i]
-  redis.call('HSET', key, f, string.format('%.17g', c[f]))
+  redis.call('HSET', key, f, num(c[f]))
   local last = j
   for g in pairs(c) do
     last = math.max(last, tonumber(g))
@@ -110,7 +111,7 @@ for i, key in ipairs(KEYS) do
   if delta > 0 then
     local f = string.format('%d', cur)
     count[f] = (count[f] or 0) + delta
-    redis.call('HSET', key, f, string.format('%.17g', count[f]))
+    redis.call('HSET', key, f, num(count[f]))
   else
     local r = -delta
     table.sort(fields, function(a, b) return tonumber(a) > tonumber(b) end)
@@ -125,7 +126,7 @@ for i, key in ipairs(KEYS) do
         r = r - c
       else
         count[f] = c - r
-        redis.call('HSET', key, f, string.format('%.17g', count[f]))
+        redis.call('HSET', key, f, num(count[f]))
         r = 0
       end
     end

@@ -37,18 +37,14 @@ func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time
 	if err != nil || len(keys) == 0 {
 		return Reservation{OK: err == nil}, err
 	}
-	res, err := reserveScript.Run(ctx, r.rdb, keys, args...).Int64Slice()
+	w, err := reserveScript.Run(ctx, r.rdb, keys, args...).Int64()
 	if err != nil {
 		return Reservation{}, fmt.Errorf("bucket: redis reserve: %w", err)
 	}
-	if len(res) != 2 {
-		return Reservation{}, fmt.Errorf("bucket: redis reserve: unexpected reply %v", res)
+	if w < 0 {
+		return Reservation{RetryAfter: time.Duration(-w) * time.Microsecond}, nil
 	}
-	wait := time.Duration(res[1]) * time.Microsecond
-	if res[0] == 1 {
-		return Reservation{OK: true, Delay: wait}, nil
-	}
-	return Reservation{RetryAfter: wait}, nil
+	return Reservation{OK: true, Delay: time.Duration(w) * time.Microsecond}, nil
 }
 
 // Adjust implements Bucket with one call to Redis.

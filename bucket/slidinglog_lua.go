@@ -5,7 +5,8 @@ import "github.com/redis/go-redis/v9"
 // The sliding-log scripts keep one SORTED SET per key and dimension: one
 // entry per admission, scored by its moment in integer microseconds of Redis
 // TIME (exact in a double, written with %d since tostring keeps only 14
-// digits), member "<id>:<amount>" with id unique per call. An entry counts
+// digits), member "<id>:<amount>" with id unique per call (a shrunk amount
+// is written by num, see luaNum). An entry counts
 // while now - window < score: older ones are removed by every write, and the
 // key expires a second after its newest entry stops counting, so idle keys
 // disappear.
@@ -14,7 +15,7 @@ import "github.com/redis/go-redis/v9"
 // window (µs), burst, amount.
 
 // slidingLogHead reads the clock and parses members.
-const slidingLogHead = `
+const slidingLogHead = luaNum + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 -- A member is "<id>:<amount>"; ids have no colon.
@@ -103,7 +104,7 @@ for i, key in ipairs(KEYS) do
         r = r - a
       else
         local id = string.sub(e[k], 1, string.find(e[k], ':', 1, true) - 1)
-        redis.call('ZADD', key, string.format('%d', tonumber(e[k+1])), id .. ':' .. string.format('%.17g', a - r))
+        redis.call('ZADD', key, string.format('%d', tonumber(e[k+1])), id .. ':' .. num(a - r))
         r = 0
       end
     end
