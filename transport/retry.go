@@ -208,6 +208,15 @@ func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 	if v == "" {
 		return 0, false
 	}
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil { // the usual form, exact
+		switch {
+		case n < 0:
+			return 0, false
+		case n > int64(bucket.Unlimited/time.Second):
+			return bucket.Unlimited, true
+		}
+		return time.Duration(n) * time.Second, true
+	}
 	if s, err := strconv.ParseFloat(v, 64); err == nil {
 		if s >= 0 && !math.IsInf(s, 0) {
 			return fromFloat(s * float64(time.Second)), true
