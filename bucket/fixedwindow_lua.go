@@ -30,9 +30,9 @@ local now = t[1] * 1000000 + t[2]
 
 // fixedReserveScript counts each KEYS[i]'s amount in the first window,
 // from the current one on, where it fits in every dimension, if that window
-// opens within ARGV[1] microseconds: all or nothing. It returns {1, wait}
-// when taken (wait is 0 for the current window, else the time until the
-// window opens) or {0, wait} when not. ARGV[1] is the maximum wait.
+// opens within ARGV[1] microseconds: all or nothing. It returns the wait in
+// microseconds (0 for the current window, else the time until the window
+// opens), negated if nothing was taken.
 var fixedReserveScript = redis.NewScript(fixedWindowIndex + `
 local n = #KEYS
 local win, burst, cost, count, old = {}, {}, {}, {}, {}
@@ -68,7 +68,7 @@ repeat
 until not moved
 local wait = at - now
 if wait > tonumber(ARGV[1]) then
-  return {0, wait}
+  return -wait
 end
 for i = 1, n do
   local key, w, c = KEYS[i], win[i], count[i]
@@ -85,7 +85,7 @@ for i = 1, n do
   end
   redis.call('PEXPIRE', key, string.format('%d', math.ceil(((last + 1) * w - now) / 1000) + 1000))
 end
-return {1, wait}
+return wait
 `)
 
 // fixedAdjustScript adds each KEYS[i]'s amount to the current window; a

@@ -68,7 +68,7 @@ type dim struct {
 	name  string
 	limit Limit
 	// pre-formatted (and boxed) for the Redis scripts
-	rate, burst any
+	burst any
 }
 
 func (d dim) checkCost(v float64) error {

@@ -75,7 +75,6 @@ func newConfig(requests Limit, opts []Option) (config, []dim) {
 		dims = append(dims, dim{
 			name:  name,
 			limit: l,
-			rate:  scriptArg(l.Rate),
 			burst: scriptArg(l.Burst),
 		})
 	}

@@ -31,7 +31,7 @@ import (
 // it expires a second after its newest entry stops counting. SlidingLog is
 // safe for concurrent use.
 type SlidingLog struct {
-	windowed
+	scripted
 	idPrefix string        // random, tells this SlidingLog's entries from others'
 	seq      atomic.Uint64 // numbers its calls
 }
@@ -46,7 +46,7 @@ func NewSlidingLog(rdb redis.UniversalClient, limit Limit, opts ...Option) *Slid
 	var b [9]byte
 	rand.Read(b[:]) // never returns an error
 	return &SlidingLog{
-		windowed: newWindowed(rdb, limit, opts, ":log"),
+		scripted: newScripted(rdb, limit, opts, ":log", windowParam),
 		idPrefix: base64.RawURLEncoding.EncodeToString(b[:]) + ".",
 	}
 }
@@ -64,7 +64,7 @@ func (s *SlidingLog) Reserve(ctx context.Context, key string, cost Cost, maxWait
 // newest entries first, future reservations included: it frees the slot
 // that a cancelled wait reserved, or the last one logged.
 func (s *SlidingLog) Adjust(ctx context.Context, key string, delta Cost) error {
-	return s.adjust(ctx, slidingAdjustScript, key, delta, []any{s.nextID()})
+	return s.adjust(ctx, slidingAdjustScript, key, delta, s.nextID())
 }
 
 // Tokens returns what a cost could take now in each dimension: the burst

@@ -33,8 +33,8 @@ end
 // slidingReserveScript adds an entry for each KEYS[i]'s amount at the
 // earliest moment, from now on, that keeps every window within its burst in
 // every dimension, if that moment is within ARGV[1] microseconds: all or
-// nothing. ARGV[2] is the id of the entries. It returns {1, wait} when
-// taken (wait is 0 if the entry is for now) or {0, wait} when not.
+// nothing. ARGV[2] is the id of the entries. It returns the wait in
+// microseconds (0 if the entry is for now), negated if nothing was taken.
 //
 // With the entries that still count, e_1..e_m in order of score, and A_k
 // the sum of the amounts of e_{k+1}..e_m, a cost c is admitted at now if
@@ -71,7 +71,7 @@ for i, key in ipairs(KEYS) do
 end
 local wait = at - now
 if wait > tonumber(ARGV[1]) then
-  return {0, wait}
+  return -wait
 end
 local score = string.format('%d', at)
 for i, key in ipairs(KEYS) do
@@ -79,7 +79,7 @@ for i, key in ipairs(KEYS) do
   redis.call('ZADD', key, score, ARGV[2] .. ':' .. ARGV[3*i+2])
   redis.call('PEXPIRE', key, string.format('%d', math.ceil((math.max(last[i], at) + w - now) / 1000) + 1000))
 end
-return {1, wait}
+return wait
 `)
 
 // slidingAdjustScript adds an entry for each KEYS[i]'s amount at now, id
