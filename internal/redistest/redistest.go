@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -189,4 +190,37 @@ func Own(t testing.TB, extra ...string) *Server {
 	}
 	t.Cleanup(s.Stop)
 	return s
+}
+
+// Cluster starts a Redis Cluster of masters nodes (no replicas) for t alone
+// and returns their addresses once every slot is served; the nodes are
+// stopped when t ends.
+func Cluster(t testing.TB, masters int) []string {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		Unavailable(t, fmt.Errorf("redistest: redis-cli binary not found on PATH: %w", err))
+	}
+	addrs := make([]string, masters)
+	for i := range addrs {
+		addrs[i] = Own(t, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000").Addr
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := c.ClusterInfo(context.Background()).Result()
+		if err == nil && strings.Contains(info, "cluster_state:ok") {
+			return addrs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: cluster not ready: %v %q", err, info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
