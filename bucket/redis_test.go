@@ -118,3 +118,31 @@ func TestRedisErrorsAreWrapped(t *testing.T) {
 	assert.False(t, r.OK)
 	assert.ErrorContains(t, b.Adjust(context.Background(), "k", bucket.N(1)), "bucket: redis adjust")
 }
+
+// TestRedisKilledMidRun: while its Redis is down a bucket fails every call
+// with an error (it never admits blindly), and it works again once the
+// server is back.
+func TestRedisKilledMidRun(t *testing.T) {
+	srv := redistest.Own(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer rdb.Close()
+	b := bucket.NewRedis(rdb, bucket.PerSecond(100))
+	ctx := context.Background()
+
+	r, err := b.Reserve(ctx, "k", bucket.N(1), 0)
+	require.NoError(t, err)
+	require.True(t, r.OK)
+
+	srv.Stop()
+	r, err = b.Reserve(ctx, "k", bucket.N(1), 0)
+	assert.ErrorContains(t, err, "bucket: redis reserve")
+	assert.False(t, r.OK)
+	_, err = bucket.Wait(ctx, b, "k", bucket.N(1))
+	assert.Error(t, err)
+
+	require.NoError(t, srv.Restart())
+	require.Eventually(t, func() bool {
+		r, err := b.Reserve(ctx, "k", bucket.N(1), 0)
+		return err == nil && r.OK
+	}, 5*time.Second, 50*time.Millisecond)
+}
