@@ -1,0 +1,39 @@
+package adaptive_test
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/sluicehq/sluice/adaptive"
+)
+
+func ExampleParse() {
+	h := http.Header{}
+	h.Set("retry-after-ms", "1500")
+	h.Set("x-ratelimit-limit-tokens", "30000")
+	h.Set("x-ratelimit-remaining-tokens", "0")
+	h.Set("x-ratelimit-reset-tokens", "1m30.5s")
+
+	f := adaptive.Parse(http.StatusTooManyRequests, h, time.Now())
+	fmt.Println(f.Class, f.RetryAfter)
+	fmt.Printf("%+v\n", f.Quotas[adaptive.Tokens])
+	rate, _ := f.Quotas[adaptive.Tokens].Rate()
+	fmt.Printf("%.0f tokens/s\n", rate)
+	// Output:
+	// rate_limited 1.5s
+	// {Limit:30000 Remaining:0 Reset:1m30.5s Window:0s}
+	// 331 tokens/s
+}
+
+func ExampleIsQuotaExhausted() {
+	body := []byte(`{"error":{"message":"You exceeded your current quota, please check your plan and billing details.",` +
+		`"type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`)
+
+	f := adaptive.Parse(http.StatusTooManyRequests, http.Header{}, time.Now())
+	if adaptive.IsQuotaExhausted(body) {
+		f.Class = adaptive.QuotaExhausted
+	}
+	fmt.Println(f.Class, f.Throttled())
+	// Output: quota_exhausted false
+}
