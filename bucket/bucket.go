@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math"
 	"time"
+
+	"github.com/sluicehq/sluice/adaptive"
 )
 
 // Bucket is a rate limit shared by everyone who charges the same key.
@@ -19,6 +21,11 @@ type Bucket interface {
 	// refunds (never above the burst), a positive one debits, into debt if
 	// need be.
 	Adjust(ctx context.Context, key string, delta Cost) error
+	// Observe applies what a response said about the limit to key, for
+	// every user of the bucket: a pause for its Retry-After, a rate decrease
+	// (once per epoch) when it was throttled, tokens clamped to what the
+	// provider reports remaining, the rate capped at what it reports.
+	Observe(ctx context.Context, key string, fb adaptive.Feedback) error
 }
 
 // Reservation is the outcome of Reserve.
@@ -31,6 +38,10 @@ type Reservation struct {
 	// RetryAfter is, when OK is false, how long until the cost could be
 	// reserved with no wait at all. Zero when OK is true.
 	RetryAfter time.Duration
+	// Epoch counts key's rate decreases when the reservation was made; pass
+	// it back in adaptive.Feedback.Epoch so that a throttled response to
+	// this request does not decrease the rate again after a newer decrease.
+	Epoch uint64
 }
 
 // Unlimited is the maxWait that accepts any delay.

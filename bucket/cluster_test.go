@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,14 +13,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestRedisCluster: on a real 3-node Redis Cluster, every backend takes a
 // two-dimension cost in one script (all of a key's hashes share a slot, so
-// no CROSSSLOT), for keys spread over the nodes, and the token bucket keeps
-// its bound under concurrency.
+// no CROSSSLOT), for keys spread over the nodes and for keys holding braces
+// or too long to keep, and the token bucket keeps its bound under
+// concurrency.
 func TestRedisCluster(t *testing.T) {
 	addrs := redistest.Cluster(t, 3)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
@@ -41,6 +44,30 @@ func TestRedisCluster(t *testing.T) {
 				assert.True(t, r.OK)
 				require.NoError(t, b.Adjust(ctx, key, cost.Neg()))
 			}
+			// Braces in a key cannot choose the slot, and keys that differ
+			// only by their braces or escapes, or past what is kept of a
+			// long key, have buckets of their own: each gives its burst.
+			huge := strings.Repeat("k", 600)
+			for _, key := range []string{"}", "{", "{}", "}x", "{a}", "a}b{c", "a}", "a%7D", huge, huge + "}"} {
+				key += "-" + name // the key's own braces first
+				for range 5 {
+					r, err := b.Reserve(ctx, key, cost, 0)
+					require.NoError(t, err, "%q", key)
+					assert.True(t, r.OK, "%q", key)
+				}
+				require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited}))
+			}
+			var longest atomic.Int64
+			require.NoError(t, rdb.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+				keys, err := node.Keys(ctx, "*"+name+"*").Result()
+				for _, k := range keys {
+					if n := int64(len(k)); n > longest.Load() {
+						longest.Store(n) // one node may lose to another: fine for a bound
+					}
+				}
+				return err
+			}))
+			assert.Less(t, longest.Load(), int64(128), "long keys are hashed")
 		})
 	}
 

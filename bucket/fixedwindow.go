@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sluicehq/sluice/adaptive"
+
 	"github.com/redis/go-redis/v9"
 )
 
@@ -80,3 +82,8 @@ func windowMicros(l Limit) int64 {
 	us := math.Round(l.Burst / l.Rate * 1e6)
 	return int64(min(max(us, 1), maxWindow))
 }
+
+// Observe implements Bucket. A window counter mirrors a limit the provider
+// states exactly, so it does not adapt: Observe changes nothing. Use the
+// token bucket (NewRedis, NewLocal) to learn a limit from responses.
+func (f *FixedWindow) Observe(context.Context, string, adaptive.Feedback) error { return nil }

@@ -213,7 +213,8 @@ func TestFixedWindowCancelledWaitRefunds(t *testing.T) {
 func TestFixedWindowKeysTTLAndPrecision(t *testing.T) {
 	w := newWinRedis(t)
 	b := bucket.NewFixedWindow(w.rdb, bucket.Limit{Rate: 2, Burst: 20}, // 10 s windows
-		bucket.WithLimit(bucket.Tokens, bucket.PerMinute(1000)), bucket.WithPrefix("app"))
+		bucket.WithLimit(bucket.Tokens, bucket.PerMinute(1000)), bucket.WithPrefix("app"),
+		bucket.WithFailClosed()) // no membership set (TestFleetMembers): the bucket's own keys only
 	assert.True(t, winReserve(t, b, "k", bucket.Cost{bucket.Requests: 1, bucket.Tokens: 10}, 0).OK)
 	assert.ElementsMatch(t, []string{"app:{k}:requests:window", "app:{k}:tokens:window"}, w.mr.Keys(),
 		"every dimension of a key in one hash slot")
@@ -249,8 +250,8 @@ func TestFixedWindowAndSlidingLogRejectImpossibleCosts(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	opts := bucket.WithLimit(bucket.Tokens, bucket.PerMinute(100))
 	for name, b := range map[string]bucket.Bucket{
-		"fixed window": bucket.NewFixedWindow(rdb, bucket.PerMinute(5), opts),
-		"sliding log":  bucket.NewSlidingLog(rdb, bucket.PerMinute(5), opts),
+		"fixed window": bucket.NewFixedWindow(rdb, bucket.PerMinute(5), opts, bucket.WithFailClosed()),
+		"sliding log":  bucket.NewSlidingLog(rdb, bucket.PerMinute(5), opts, bucket.WithFailClosed()),
 	} {
 		t.Run(name, func(t *testing.T) {
 			for _, tc := range []struct {

@@ -5,6 +5,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/adaptive"
 )
 
 // Local is a Bucket kept in this process's memory: the embedded default for
@@ -13,6 +15,7 @@ import (
 type Local struct {
 	dims  []dim
 	clock Clock
+	adapt adaptation
 
 	mu      sync.Mutex
 	keys    map[string]*localKey
@@ -20,10 +23,18 @@ type Local struct {
 }
 
 // localKey is one key's state: tokens per dimension (in the order of
-// Local.dims), all refilled up to last.
+// Local.dims) as of last, which is in the future while the key is paused;
+// and what Observe learnt.
 type localKey struct {
 	tokens []float64
 	last   time.Time
+
+	epoch       uint64    // decreases so far
+	refused     int       // refusals counted since counting
+	counting    time.Time // when the count began
+	decreased   time.Time // the last decrease; zero if none
+	after       float64   // the fraction of the ceiling just after it
+	rate, burst []float64 // limits the provider reported; 0 if none (nil: none at all)
 }
 
 var _ Bucket = (*Local)(nil)
@@ -33,13 +44,17 @@ var _ Bucket = (*Local)(nil)
 // a limit is invalid.
 func NewLocal(limit Limit, opts ...Option) *Local {
 	c, dims := newConfig(limit, opts)
-	return &Local{dims: dims, clock: c.clock, keys: make(map[string]*localKey), sweepAt: minSweep}
+	return &Local{dims: dims, clock: c.clock, adapt: newAdaptation(c.policy, dims),
+		keys: make(map[string]*localKey), sweepAt: minSweep}
 }
 
 const minSweep = 1024
 
 // Reserve implements Bucket.
 func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
+	if key == "" {
+		return Reservation{}, ErrInvalidKey
+	}
 	for i := range l.dims {
 		if err := l.dims[i].checkCost(cost[l.dims[i].name]); err != nil {
 			return Reservation{}, err
@@ -49,28 +64,32 @@ func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.D
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.advance(key, now)
-	var wait float64 // seconds
+	f := l.fraction(k, now)
+	var wait float64 // seconds after k.last
 	for i, d := range l.dims {
 		c := cost[d.name]
 		if c == 0 {
 			continue // a dimension not charged is not held back by its debt
 		}
 		if deficit := c - k.tokens[i]; deficit > 0 {
-			wait = max(wait, deficit/d.limit.Rate)
+			wait = max(wait, deficit/l.rate(k, i, f))
 		}
 	}
-	w := ceilDuration(wait)
+	w := ceilDuration(wait) + max(k.last.Sub(now), 0)
 	if w > max(maxWait, 0) {
-		return Reservation{RetryAfter: w}, nil
+		return Reservation{RetryAfter: w, Epoch: k.epoch}, nil
 	}
 	for i, d := range l.dims {
 		k.tokens[i] -= cost[d.name]
 	}
-	return Reservation{OK: true, Delay: w}, nil
+	return Reservation{OK: true, Delay: w, Epoch: k.epoch}, nil
 }
 
 // Adjust implements Bucket.
 func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
+	if key == "" {
+		return ErrInvalidKey
+	}
 	for name, v := range delta {
 		if err := checkDelta(name, v); err != nil {
 			return err
@@ -81,9 +100,121 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 	defer l.mu.Unlock()
 	k := l.advance(key, now)
 	for i, d := range l.dims {
-		k.tokens[i] = min(k.tokens[i]-delta[d.name], d.limit.Burst)
+		k.tokens[i] = min(k.tokens[i]-delta[d.name], l.burst(k, i, l.fraction(k, now)))
+		if k.last.After(now) {
+			// Paused: the bucket stays empty at the pause's end, or what a
+			// refund gave back would go out all at once then.
+			k.tokens[i] = min(k.tokens[i], 0)
+		}
 	}
 	return nil
+}
+
+// Observe implements Bucket: see the Bucket interface and adaptive.Policy.
+func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) error {
+	if fb.Empty() {
+		return nil
+	}
+	if key == "" {
+		return ErrInvalidKey
+	}
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.advance(key, now)
+	if fb.ReportsRate() {
+		// The provider says what its limit is: that replaces what
+		// refusals taught.
+		k.decreased, k.refused = time.Time{}, 0
+	} else if l.adapt.counts(fb, k.epoch) {
+		if now.Sub(k.counting) > l.adapt.window {
+			k.refused, k.counting = 0, now
+		}
+		k.refused++
+		if k.refused >= l.adapt.policy.Threshold && (k.decreased.IsZero() || now.Sub(k.decreased) >= l.adapt.minEpoch) {
+			k.after = l.adapt.policy.Decreased(l.fraction(k, now))
+			k.decreased = now
+			k.epoch++
+			k.refused = 0
+		}
+	}
+	if fb.RetryAfter > 0 {
+		// Nothing more until the pause ends, then the rate: the bucket is
+		// empty at that moment, so what is reserved meanwhile is spread.
+		if until := addSaturating(now, fb.RetryAfter); until.After(k.last) {
+			for i := range k.tokens {
+				k.tokens[i] = min(k.tokens[i], 0)
+			}
+			k.last = until
+		}
+	}
+	for i, d := range l.dims {
+		q, ok := fb.Quotas[d.name]
+		if !ok {
+			continue
+		}
+		if q.Remaining >= 0 {
+			k.tokens[i] = min(k.tokens[i], q.Remaining)
+		}
+		r, rok := q.Rate()
+		if !rok && !(q.Limit > 0) {
+			continue
+		}
+		if k.rate == nil {
+			k.rate, k.burst = make([]float64, len(l.dims)), make([]float64, len(l.dims))
+		}
+		if rok {
+			k.rate[i] = r
+		}
+		if q.Limit > 0 && !math.IsInf(q.Limit, 0) {
+			k.burst[i] = q.Limit
+		}
+	}
+	return nil
+}
+
+// Rate returns the rate, per second, key refills at now in each dimension:
+// the configured limit's, or the provider's if it reported a lower one,
+// times the fraction the adaptive law has it at.
+func (l *Local) Rate(key string) Cost {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.advance(key, now)
+	f := l.fraction(k, now)
+	c := make(Cost, len(l.dims))
+	for i, d := range l.dims {
+		c[d.name] = l.rate(k, i, f)
+	}
+	return c
+}
+
+// fraction is the share of its ceiling k's rate is at now.
+func (l *Local) fraction(k *localKey, now time.Time) float64 {
+	if k.decreased.IsZero() {
+		return 1
+	}
+	return l.adapt.policy.Fraction(k.after, now.Sub(k.decreased), l.adapt.span)
+}
+
+// rate is dimension i's refill rate for k at fraction f.
+func (l *Local) rate(k *localKey, i int, f float64) float64 {
+	r := l.dims[i].limit.Rate
+	if k.rate != nil && k.rate[i] > 0 {
+		r = min(r, k.rate[i])
+	}
+	return r * f
+}
+
+// burst is dimension i's capacity for k.
+// burst is dimension i's capacity for k at fraction f: scaled as the rate
+// is, or a slowed key would gather the burst of its ceiling while idle.
+func (l *Local) burst(k *localKey, i int, f float64) float64 {
+	b := l.dims[i].limit.Burst
+	if k.burst != nil && k.burst[i] > 0 {
+		b = min(b, k.burst[i])
+	}
+	return b * f
 }
 
 // Tokens returns the tokens key has now in each dimension; negative amounts
@@ -114,8 +245,9 @@ func (l *Local) advance(key string, now time.Time) *localKey {
 		return k
 	}
 	if elapsed := now.Sub(k.last).Seconds(); elapsed > 0 {
-		for i, d := range l.dims {
-			k.tokens[i] = min(k.tokens[i]+elapsed*d.limit.Rate, d.limit.Burst)
+		f := l.fraction(k, now)
+		for i := range l.dims {
+			k.tokens[i] = min(k.tokens[i]+elapsed*l.rate(k, i, f), l.burst(k, i, f))
 		}
 		k.last = now
 	}
@@ -129,6 +261,9 @@ func (l *Local) sweep(now time.Time) {
 		return
 	}
 	for name, k := range l.keys {
+		if l.fraction(k, now) < 1 || k.refused > 0 || k.rate != nil && now.Sub(k.last) < l.adapt.span {
+			continue // what it learnt still matters
+		}
 		full := true
 		elapsed := now.Sub(k.last).Seconds()
 		for i, d := range l.dims {

@@ -11,5 +11,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(fleetWorkerEnv) != "" {
 		os.Exit(fleetWorker())
 	}
+	if os.Getenv(faultWorkerEnv) != "" {
+		os.Exit(faultWorker())
+	}
 	redistest.Main(m)
 }

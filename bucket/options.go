@@ -1,6 +1,8 @@
 package bucket
 
 import (
+	"github.com/sluicehq/sluice/adaptive"
+
 	"sort"
 	"time"
 )
@@ -16,10 +18,13 @@ type config struct {
 	limits map[string]Limit
 	clock  Clock
 	prefix string
+	policy adaptive.Policy
+	redis  redisPolicy // failover.go
 }
 
 // Clock tells the time. The Local backend reads it; Redis backends use the
-// server's clock only.
+// server's clock only, except in the Local bucket they fall back to while
+// Redis is down (WithFailOpen).
 type Clock interface{ Now() time.Time }
 
 type systemClock struct{}
@@ -32,8 +37,9 @@ func WithLimit(dim string, l Limit) Option {
 	return optionFunc(func(c *config) { c.limits[dim] = l })
 }
 
-// WithClock makes the Local backend read time from clk (nil: the system
-// clock). Tests use it to control refills.
+// WithClock makes the Local backend, and the fallback of a Redis-backed one,
+// read time from clk (nil: the system clock). Tests use it to control
+// refills.
 func WithClock(clk Clock) Option {
 	return optionFunc(func(c *config) {
 		if clk != nil {
@@ -52,11 +58,23 @@ func WithPrefix(p string) Option {
 	})
 }
 
+// WithPolicy sets the law by which a token bucket adapts its rate to
+// throttled responses (Observe); adaptive.DefaultPolicy by default. It
+// panics with an error wrapping adaptive.ErrInvalidPolicy if p is invalid.
+func WithPolicy(p adaptive.Policy) Option {
+	return optionFunc(func(c *config) {
+		if err := p.Validate(); err != nil {
+			panic(err)
+		}
+		c.policy = p.WithDefaults()
+	})
+}
+
 // newConfig applies opts over the defaults and validates the limits. It
 // panics with a *LimitError on an invalid limit: limits are program
 // configuration; check ones that come from input with Limit.Validate first.
 func newConfig(requests Limit, opts []Option) (config, []dim) {
-	c := config{limits: map[string]Limit{Requests: requests}, clock: systemClock{}, prefix: "sluice"}
+	c := config{limits: map[string]Limit{Requests: requests}, clock: systemClock{}, prefix: "sluice", policy: adaptive.DefaultPolicy()}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)

@@ -2,9 +2,13 @@ package bucket
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/adaptive"
 )
 
 // Redis is a Bucket shared through a Redis server (single node, Sentinel or
@@ -14,6 +18,8 @@ import (
 // use.
 type Redis struct {
 	scripted
+	adapt adaptation
+	span  any // adapt.span in microseconds, formatted
 }
 
 var _ Bucket = (*Redis)(nil)
@@ -22,22 +28,76 @@ var _ Bucket = (*Redis)(nil)
 // each dimension given WithLimit to its own. It makes no call to Redis. It
 // panics with a *LimitError if a limit is invalid.
 func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
-	return &Redis{newScripted(rdb, limit, opts, "", func(l Limit) any { return scriptArg(l.Rate) })}
+	r := &Redis{scripted: newScripted(rdb, limit, opts, "", func(l Limit) any { return scriptArg(l.Rate) })}
+	r.state = true
+	c, _ := newConfig(limit, opts)
+	r.adapt = newAdaptation(c.policy, r.dims)
+	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
+	return r
 }
 
 // Reserve implements Bucket with one call to Redis (or none, if cost charges
 // no limited dimension).
 func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
-	return r.reserve(ctx, reserveScript, key, cost, maxWait)
+	return r.reserve(ctx, reserveScript, key, cost, maxWait, r.span, r.adapt.law())
 }
 
 // Adjust implements Bucket with one call to Redis.
 func (r *Redis) Adjust(ctx context.Context, key string, delta Cost) error {
-	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0])
+	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0], r.span, r.adapt.law())
 }
 
 // Tokens returns the tokens key has now in each dimension; negative amounts
 // are debt owed to reservations.
 func (r *Redis) Tokens(ctx context.Context, key string) (Cost, error) {
-	return r.tokens(ctx, tokensScript, key, smallAmounts[0])
+	return r.tokens(ctx, tokensScript, key, smallAmounts[0], r.span, r.adapt.law())
+}
+
+// Observe implements Bucket with one call to Redis (none if fb is empty),
+// atomic for every dimension of key.
+func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) error {
+	if fb.Empty() {
+		return nil
+	}
+	if key == "" {
+		return ErrInvalidKey
+	}
+	p := &r.adapt.policy
+	verdict := smallAmounts[0] // nothing to learn from refusals
+	switch {
+	case fb.ReportsRate():
+		verdict = smallAmounts[2] // forget what refusals taught
+	case fb.Class == adaptive.RateLimited:
+		verdict = smallAmounts[1] // a refusal to count
+	}
+	keys := make([]string, 0, len(r.dims)+1)
+	keys = append(keys, r.stateKey(key))
+	args := make([]any, 0, 10+5*len(r.dims))
+	args = append(args, verdict, r.span, r.adapt.law(), scriptArg(float64(fb.Epoch)),
+		scriptArg(float64(max(fb.RetryAfter, 0).Microseconds())),
+		scriptArg(p.Decrease), scriptArg(p.Floor), scriptArg(float64(r.adapt.minEpoch.Microseconds())),
+		scriptArg(float64(p.Threshold)), scriptArg(float64(r.adapt.window.Microseconds())))
+	for i, d := range r.dims {
+		keys = append(keys, r.redisKey(key, d.name))
+		rem, rate, burst := -1.0, 0.0, 0.0
+		if q, ok := fb.Quotas[d.name]; ok {
+			if q.Remaining >= 0 && !math.IsInf(q.Remaining, 0) {
+				rem = q.Remaining
+			}
+			if v, ok := q.Rate(); ok {
+				rate = v
+			}
+			if q.Limit > 0 && !math.IsInf(q.Limit, 0) {
+				burst = q.Limit
+			}
+		}
+		args = append(args, r.param[i], d.burst, scriptArg(rem), scriptArg(rate), scriptArg(burst))
+	}
+	if err := r.run(ctx, observeScript, keys, args...).Err(); err != nil {
+		if sh := r.fo.fallback(err); sh != nil {
+			return sh.local.Observe(ctx, key, fb)
+		}
+		return fmt.Errorf("bucket: redis observe: %w", err)
+	}
+	return nil
 }

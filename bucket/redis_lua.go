@@ -2,46 +2,90 @@ package bucket
 
 import "github.com/redis/go-redis/v9"
 
-// The scripts keep one HASH per key and dimension:
+// The token bucket scripts keep one HASH per key and dimension:
 //
 //	t   tokens in millionths (an integer), negative while in debt
-//	ts  when t was last refilled, in microseconds of Redis TIME
-//	x   when the key is set to expire, in microseconds
+//	ts  the time t is as of, in microseconds of Redis TIME; in the future
+//	    while the key is paused (t is then at most 0)
+//	x   when the hash is set to expire, in microseconds
+//	r   the rate the provider reported, in millionths per second (optional)
+//	b   the burst the provider reported, in millionths (optional)
+//
+// and one HASH per key, KEYS[1], for what the adaptive law needs:
+//
+//	e   the epoch: how many decreases so far
+//	a   the fraction of the ceiling just after the last decrease, in millionths
+//	d   when the last decrease happened, in microseconds
+//	c   refusals counted toward the next decrease
+//	cs  when that count began, in microseconds
 //
 // Times are integer microseconds: exact in a Lua double, and passed to
 // redis.call as numbers, which Redis writes with 17 digits (never through
-// tostring or "..", which keep only 14). Tokens are stored as integer
-// millionths too, rounded to the nearest: a fraction could be written in
-// exponent form ("2e-06"), which gopher-lua (miniredis) cannot read back. A key must outlive its refill (and
-// debt): a key that vanished early would come back full. The expiry is
-// pushed out only when that need passes x, and then past it by one more
-// refill time (1 to 60 s), so a hot key does not pay a PEXPIREAT per call,
-// and an idle key disappears soon after it is full again.
+// tostring or "..", which keep only 14). Fractions are stored as integer
+// millionths: a fraction could be written in exponent form ("2e-06"), which
+// gopher-lua (miniredis) cannot read back. A key must outlive its refill,
+// debt and pause (a key that vanished early would come back full), and the
+// adaptive state its recovery. The expiry is pushed out only when that need
+// passes x, and then past it by one more refill time (1 to 60 s), so a hot
+// key does not pay a PEXPIREAT per call, and an idle key disappears soon
+// after it is full again.
 //
-// ARGV of every script: ARGV[1] is operation-specific, then one triple per
-// key: rate (tokens/s), burst, amount.
+// ARGV of reserve, adjust and tokens: the operation's argument, the recovery
+// span in microseconds, the recovery law (0 cubic, 1 additive), then one
+// triple per dimension key: rate (tokens/s), burst, amount.
 
-// luaRefill reads KEYS[i] into tk (tokens now, refilled and clamped) and x.
-const luaRefill = `
-  local rate, burst, amount = tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i]), tonumber(ARGV[3*i+1])
-  local s = redis.call('HMGET', key, 't', 'ts', 'x')
-  local tk, x = burst, 0
-  if s[1] then
-    tk = math.min(burst, (tonumber(s[1]) + math.max(0, now - tonumber(s[2])) * rate) / 1e6)
-    x = tonumber(s[3]) or 0
+// luaCommon defines now and the functions every token bucket script uses.
+const luaCommon = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+
+-- fraction returns the share of the configured rate the key is at and its
+-- epoch (adaptive.Policy.Fraction).
+local function fraction(span, law)
+  local s = redis.call('HMGET', KEYS[1], 'e', 'a', 'd')
+  local e = tonumber(s[1]) or 0
+  if not s[2] then
+    return 1, e, nil
   end
-`
+  local a, d = tonumber(s[2]) / 1e6, tonumber(s[3])
+  local u = math.max(now - d, 0) / span
+  local f = a + u
+  if law == 0 then
+    f = a + u * u * u
+  end
+  return math.min(f, 1), e, d
+end
 
-// luaStore writes tk for KEYS[i] at now, extending its expiry if needed.
-const luaStore = `
-  local full = now + math.ceil((burst - tk) * 1e6 / rate) + 1e6
+-- refill reads a dimension's hash: its rate and burst now (the configured
+-- ones, lowered to what the provider reported, the rate times f), its
+-- tokens, the time they are as of, its expiry, and whether the provider
+-- reported a limit.
+local function refill(key, rate, burst, f)
+  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b')
+  if s[4] then rate = math.min(rate, tonumber(s[4]) / 1e6) end
+  if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
+  rate, burst = rate * f, burst * f
+  if not s[1] then
+    return rate, burst, burst, now, 0, s[4] or s[5]
+  end
+  local ts = tonumber(s[2])
+  local tk = math.min(burst, (tonumber(s[1]) + math.max(0, now - ts) * rate) / 1e6)
+  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, s[4] or s[5]
+end
+
+-- store writes tk as of at, extending the expiry if needed.
+local function store(key, tk, at, x, rate, burst)
+  local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
   if full > x then
     x = full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7))
-    redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', now, 'x', x)
+    redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at, 'x', x)
     redis.call('PEXPIREAT', key, math.ceil(x / 1000))
   else
-    redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', now)
+    redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at)
   end
+end
+
+local span, law = tonumber(ARGV[2]), tonumber(ARGV[3])
 `
 
 // luaNum defines num(x): x as a string with no exponent (gopher-lua, in
@@ -57,39 +101,45 @@ local function num(x)
 end
 `
 
-const luaNow = `
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-`
-
-// reserveScript takes each KEYS[i]'s amount if all of them can be taken
-// within ARGV[1] microseconds, all or nothing. It returns the wait in
+// reserveScript takes each dimension key's amount if all of them can be
+// taken within ARGV[1] microseconds, all or nothing. It returns the wait in
 // microseconds (0 if the tokens were there), negated if nothing was taken
-// (a refused wait is always > 0).
-var reserveScript = redis.NewScript(luaNow + `
-local left, exp, wait = {}, {}, 0
-for i, key in ipairs(KEYS) do` + luaRefill + `
-  tk = tk - amount
-  left[i], exp[i] = tk, x
+// (a refused wait is always > 0), and the key's epoch.
+var reserveScript = redis.NewScript(luaCommon + `
+local f, epoch = fraction(span, law)
+local st, wait = {}, 0
+for i = 1, #KEYS - 1 do
+  local rate, burst, tk, at, x = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f)
+  tk = tk - tonumber(ARGV[3*i+3])
+  st[i] = {tk, at, x, rate, burst}
+  local w = at - now
   if tk < 0 then
-    wait = math.max(wait, math.ceil(-tk * 1e6 / rate))
+    w = w + math.ceil(-tk * 1e6 / rate)
   end
+  wait = math.max(wait, w)
 end
 if wait > tonumber(ARGV[1]) then
-  return -wait
+  return {-wait, epoch}
 end
-for i, key in ipairs(KEYS) do
-  local rate, burst, tk, x = tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i]), left[i], exp[i]` + luaStore + `
+for i, s in ipairs(st) do
+  store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5])
 end
-return wait
+return {wait, epoch}
 `)
 
-// adjustScript refills each KEYS[i], then subtracts its amount (a negative
-// amount refunds, never above burst). ARGV[1] is unused.
-var adjustScript = redis.NewScript(luaNow + `
-for i, key in ipairs(KEYS) do` + luaRefill + `
-  tk = math.min(burst, tk - amount)
-  if tk < burst then` + luaStore + `
+// adjustScript refills each dimension key, then subtracts its amount (a
+// negative amount refunds, never above burst). ARGV[1] is unused.
+var adjustScript = redis.NewScript(luaCommon + `
+local f = fraction(span, law)
+for i = 1, #KEYS - 1 do
+  local key = KEYS[i+1]
+  local rate, burst, tk, at, x, learnt = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f)
+  tk = math.min(burst, tk - tonumber(ARGV[3*i+3]))
+  if at > now then
+    tk = math.min(tk, 0) -- paused: empty at its end, or refunds would go out at once
+  end
+  if tk < burst or at > now or learnt then
+    store(key, tk, at, x, rate, burst)
   else
     redis.call('DEL', key)
   end
@@ -97,12 +147,70 @@ end
 return 1
 `)
 
-// tokensScript returns each KEYS[i]'s tokens now, as strings, changing
-// nothing. ARGV[1] and the amounts are unused.
-var tokensScript = redis.NewScript(luaNow + `
+// tokensScript returns each dimension key's tokens now (as of the end of a
+// pause), as strings, changing nothing. ARGV[1] and the amounts are unused.
+var tokensScript = redis.NewScript(luaCommon + `
+local f = fraction(span, law)
 local out = {}
-for i, key in ipairs(KEYS) do` + luaRefill + `
+for i = 1, #KEYS - 1 do
+  local rate, burst, tk = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f)
   out[i] = string.format('%.17g', tk)
 end
 return out
+`)
+
+// observeScript applies a response's feedback to a key (every dimension).
+// ARGV: what to learn from refusals (0: nothing, 1: count this one, 2:
+// forget them: the provider reported its rate), the span, the law, the epoch
+// the request was reserved in, the pause in microseconds (0: none), the
+// decrease factor, the floor, the least time between decreases in
+// microseconds, the threshold, the window in microseconds; then for each
+// dimension key: rate, burst, the remaining the provider reported (< 0:
+// unknown), the rate and the burst it reported (0: unknown).
+var observeScript = redis.NewScript(luaCommon + `
+local f, epoch, d = fraction(span, law)
+local nf = f
+if ARGV[1] == '2' then
+  redis.call('HDEL', KEYS[1], 'a', 'd', 'c', 'cs')
+  nf = 1
+elseif ARGV[1] == '1' and tonumber(ARGV[4]) >= epoch then
+  local window = tonumber(ARGV[10])
+  local c = redis.call('HMGET', KEYS[1], 'c', 'cs')
+  local n, cs = tonumber(c[1]) or 0, tonumber(c[2]) or 0
+  if now - cs > window then
+    n, cs = 0, now
+  end
+  n = n + 1
+  if n >= tonumber(ARGV[9]) and (not d or now - d >= tonumber(ARGV[8])) then
+    nf = math.max(tonumber(ARGV[7]), f * tonumber(ARGV[6]))
+    redis.call('HSET', KEYS[1], 'e', epoch + 1, 'a', math.floor(nf * 1e6 + 0.5), 'd', now, 'c', 0, 'cs', 0)
+    redis.call('PEXPIREAT', KEYS[1], math.ceil((now + span) / 1000) + 1000)
+  else
+    redis.call('HSET', KEYS[1], 'c', n, 'cs', cs)
+    if redis.call('PTTL', KEYS[1]) < (window / 1000) + 1000 then
+      redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000) + 1000)
+    end
+  end
+end
+local pause = tonumber(ARGV[5])
+for i = 1, #KEYS - 1 do
+  local key, o = KEYS[i+1], 5 * i + 6
+  local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
+  local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
+  local rate, burst, tk, at, x = refill(key, crate, cburst, f)
+  if pause > 0 and now + pause > at then
+    tk, at = math.min(tk, 0), now + pause
+  end
+  if rem >= 0 then tk = math.min(tk, rem) end
+  if rrate > 0 then
+    redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5))
+    rate = math.min(crate, rrate) * f
+  end
+  if rburst > 0 then
+    redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5))
+    burst = math.min(cburst, rburst) * f
+  end
+  store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f)
+end
+return epoch
 `)

@@ -25,7 +25,8 @@ func TestRedisKeysAndTTL(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()
 	b := bucket.NewRedis(rdb, bucket.Limit{Rate: 2, Burst: 10},
-		bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 100, Burst: 1000}), bucket.WithPrefix("app"))
+		bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 100, Burst: 1000}), bucket.WithPrefix("app"),
+		bucket.WithFailClosed()) // no membership set (TestFleetMembers): the bucket's own keys only
 
 	_, err := b.Reserve(ctx, "k", bucket.Cost{bucket.Requests: 4, bucket.Tokens: 500}, 0)
 	require.NoError(t, err)
@@ -112,21 +113,21 @@ func TestRedisLuaOnRealServer(t *testing.T) {
 func TestRedisErrorsAreWrapped(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	defer rdb.Close()
-	b := bucket.NewRedis(rdb, bucket.PerSecond(20))
+	b := bucket.NewRedis(rdb, bucket.PerSecond(20), bucket.WithFailClosed())
 	r, err := b.Reserve(context.Background(), "k", bucket.N(1), 0)
 	assert.ErrorContains(t, err, "bucket: redis reserve")
 	assert.False(t, r.OK)
 	assert.ErrorContains(t, b.Adjust(context.Background(), "k", bucket.N(1)), "bucket: redis adjust")
 }
 
-// TestRedisKilledMidRun: while its Redis is down a bucket fails every call
-// with an error (it never admits blindly), and it works again once the
-// server is back.
+// TestRedisKilledMidRun: while its Redis is down a bucket that fails closed
+// fails every call with an error (it never admits blindly), and it works
+// again once the server is back.
 func TestRedisKilledMidRun(t *testing.T) {
 	srv := redistest.Own(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer rdb.Close()
-	b := bucket.NewRedis(rdb, bucket.PerSecond(100))
+	b := bucket.NewRedis(rdb, bucket.PerSecond(100), bucket.WithFailClosed())
 	ctx := context.Background()
 
 	r, err := b.Reserve(ctx, "k", bucket.N(1), 0)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -11,34 +12,49 @@ import (
 
 // scripted is what the Redis-backed buckets share: the client, the
 // dimensions, each with the number its scripts read first (the token
-// bucket's rate, a window's length), and the key layout.
+// bucket's rate, a window's length), the key layout, and the failure
+// policy (failover.go).
 type scripted struct {
 	rdb    redis.UniversalClient
 	dims   []dim
 	param  []any // per dimension, formatted
 	prefix string
 	suffix string // after the dimension: one key type per algorithm
+	state  bool   // the scripts' KEYS[1] is the key's adaptive state
+	fo     *failover
 }
 
 func newScripted(rdb redis.UniversalClient, limit Limit, opts []Option, suffix string, param func(Limit) any) scripted {
 	c, dims := newConfig(limit, opts)
-	s := scripted{rdb: rdb, dims: dims, param: make([]any, len(dims)), prefix: c.prefix, suffix: suffix}
+	if strings.ContainsAny(c.prefix, "{}") {
+		panic(fmt.Sprintf("bucket: prefix %q holds a brace: it would choose the Cluster hash slot", c.prefix))
+	}
+	s := scripted{rdb: rdb, dims: dims, param: make([]any, len(dims)), prefix: c.prefix, suffix: suffix,
+		fo: newFailover(rdb, c, dims)}
 	for i, d := range dims {
 		s.param[i] = param(d.limit)
 	}
 	return s
 }
 
-// redisKey is <prefix>:{<key>}:<dim><suffix>: the braces put every
-// dimension of a key in one Cluster hash slot.
+// redisKey is <prefix>:{<key>}:<dim><suffix>, key as keyTag writes it: the
+// braces put every dimension of a key in one Cluster hash slot.
 func (s *scripted) redisKey(key, dim string) string {
-	return s.prefix + ":{" + key + "}:" + dim + s.suffix
+	return s.prefix + ":{" + keyTag(key) + "}:" + dim + s.suffix
+}
+
+// stateKey is <prefix>:{<key>}, the hash of key's adaptive state.
+func (s *scripted) stateKey(key string) string {
+	return s.prefix + ":{" + keyTag(key) + "}"
 }
 
 // prepare builds the KEYS and ARGV of a script for the dimensions cost
 // charges: ARGV is head, then param, burst and amount for each key. With
 // reserve, amounts are checked against the limits.
 func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]string, []any, error) {
+	if key == "" {
+		return nil, nil, ErrInvalidKey
+	}
 	var keys []string
 	var args []any
 	for i := range s.dims {
@@ -55,7 +71,10 @@ func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]
 			return nil, nil, err
 		}
 		if keys == nil {
-			keys = make([]string, 0, len(s.dims))
+			keys = make([]string, 0, len(s.dims)+1)
+			if s.state {
+				keys = append(keys, s.stateKey(key))
+			}
 			args = make([]any, 0, len(head)+3*len(s.dims))
 			args = append(args, head...)
 		}
@@ -74,14 +93,39 @@ func (s *scripted) reserve(ctx context.Context, script *redis.Script, key string
 	if err != nil || len(keys) == 0 {
 		return Reservation{OK: err == nil}, err
 	}
-	w, err := script.Run(ctx, s.rdb, keys, args...).Int64()
+	w, epoch, err := reservation(s.run(ctx, script, keys, args...))
 	if err != nil {
+		if sh := s.fo.fallback(err); sh != nil {
+			return sh.reserve(ctx, key, cost, maxWait)
+		}
 		return Reservation{}, fmt.Errorf("bucket: redis reserve: %w", err)
 	}
 	if w < 0 {
-		return Reservation{RetryAfter: time.Duration(-w) * time.Microsecond}, nil
+		return Reservation{RetryAfter: time.Duration(-w) * time.Microsecond, Epoch: epoch}, nil
 	}
-	return Reservation{OK: true, Delay: time.Duration(w) * time.Microsecond}, nil
+	return Reservation{OK: true, Delay: time.Duration(w) * time.Microsecond, Epoch: epoch}, nil
+}
+
+// reservation reads a reserve script's reply: the wait in microseconds, or
+// the wait and the key's epoch.
+func reservation(cmd *redis.Cmd) (w int64, epoch uint64, err error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return 0, 0, err
+	}
+	switch v := v.(type) {
+	case int64:
+		return v, 0, nil
+	case []any:
+		if len(v) == 2 {
+			w, ok1 := v[0].(int64)
+			e, ok2 := v[1].(int64)
+			if ok1 && ok2 && e >= 0 {
+				return w, uint64(e), nil
+			}
+		}
+	}
+	return 0, 0, fmt.Errorf("unexpected reply %v", v)
 }
 
 // adjust runs an adjust script, whose ARGV are head, then the triples of
@@ -91,7 +135,10 @@ func (s *scripted) adjust(ctx context.Context, script *redis.Script, key string,
 	if err != nil || len(keys) == 0 {
 		return err
 	}
-	if err := script.Run(ctx, s.rdb, keys, args...).Err(); err != nil {
+	if err := s.run(ctx, script, keys, args...).Err(); err != nil {
+		if sh := s.fo.fallback(err); sh != nil {
+			return sh.local.Adjust(ctx, key, delta)
+		}
 		return fmt.Errorf("bucket: redis adjust: %w", err)
 	}
 	return nil
@@ -101,14 +148,20 @@ func (s *scripted) adjust(ctx context.Context, script *redis.Script, key string,
 // the triples of prepare with amount 0, and it replies with each key's
 // tokens or remaining allowance as a string.
 func (s *scripted) tokens(ctx context.Context, script *redis.Script, key string, head ...any) (Cost, error) {
-	keys := make([]string, len(s.dims))
+	if key == "" {
+		return nil, ErrInvalidKey
+	}
+	keys := make([]string, 0, len(s.dims)+1)
+	if s.state {
+		keys = append(keys, s.stateKey(key))
+	}
 	args := make([]any, 0, len(head)+3*len(s.dims))
 	args = append(args, head...)
 	for i, d := range s.dims {
-		keys[i] = s.redisKey(key, d.name)
+		keys = append(keys, s.redisKey(key, d.name))
 		args = append(args, s.param[i], d.burst, smallAmounts[0])
 	}
-	res, err := script.Run(ctx, s.rdb, keys, args...).StringSlice()
+	res, err := s.run(ctx, script, keys, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("bucket: redis tokens: %w", err)
 	}

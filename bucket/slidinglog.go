@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/adaptive"
+
 	"github.com/redis/go-redis/v9"
 )
 
@@ -78,3 +80,8 @@ func (s *SlidingLog) Tokens(ctx context.Context, key string) (Cost, error) {
 func (s *SlidingLog) nextID() string {
 	return s.idPrefix + strconv.FormatUint(s.seq.Add(1), 36)
 }
+
+// Observe implements Bucket. A window counter mirrors a limit the provider
+// states exactly, so it does not adapt: Observe changes nothing. Use the
+// token bucket (NewRedis, NewLocal) to learn a limit from responses.
+func (s *SlidingLog) Observe(context.Context, string, adaptive.Feedback) error { return nil }

@@ -193,7 +193,8 @@ func TestSlidingLogCancelledWaitRefunds(t *testing.T) {
 func TestSlidingLogKeysAndTTL(t *testing.T) {
 	w := newWinRedis(t)
 	b := bucket.NewSlidingLog(w.rdb, bucket.Limit{Rate: 0.5, Burst: 5}, // 10 s window
-		bucket.WithLimit(bucket.Tokens, bucket.PerMinute(1000)), bucket.WithPrefix("app"))
+		bucket.WithLimit(bucket.Tokens, bucket.PerMinute(1000)), bucket.WithPrefix("app"),
+		bucket.WithFailClosed()) // no membership set (TestFleetMembers): the bucket's own keys only
 	assert.True(t, winReserve(t, b, "k", bucket.Cost{bucket.Requests: 5, bucket.Tokens: 10}, 0).OK)
 	assert.ElementsMatch(t, []string{"app:{k}:requests:log", "app:{k}:tokens:log"}, w.mr.Keys(),
 		"every dimension of a key in one hash slot")

@@ -15,6 +15,3 @@ func WithTestClock(now func() time.Time, sleep func(context.Context, time.Durati
 func WithTestRand(f func() float64) Option {
 	return optionFunc(func(c *config) { c.rand = f })
 }
-
-// RetryAfter exposes the Retry-After parser to the fuzz test.
-var RetryAfter = retryAfter

@@ -13,5 +13,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(fleetWorkerEnv) != "" {
 		os.Exit(fleetWorker())
 	}
+	if os.Getenv(adaptiveWorkerEnv) != "" { // TestAdaptiveFleet's
+		os.Exit(adaptiveWorker())
+	}
 	redistest.Main(m)
 }

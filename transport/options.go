@@ -7,9 +7,10 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicehq/sluice/bucket"
 )
 
 // Option configures a Transport.
@@ -23,6 +24,7 @@ type config struct {
 	bucket  bucket.Bucket
 	key     func(*http.Request) string
 	cost    func(*http.Request) bucket.Cost
+	usage   func(*http.Response) UsageMeter // nil: no reconciliation
 	retry   Retry
 	breaker *gobreaker.Settings
 	maxWait time.Duration
@@ -82,7 +84,8 @@ func WithKey(f func(*http.Request) string) Option {
 }
 
 // WithCost sets what a request takes from the bucket at each attempt. The
-// default is one request: bucket.N(1). The function must not read the body.
+// default is one request: bucket.N(1). The function must not read req.Body;
+// it may read a copy from req.GetBody (as llmclient.RequestCost does).
 func WithCost(f func(*http.Request) bucket.Cost) Option {
 	return optionFunc(func(c *config) {
 		if f != nil {

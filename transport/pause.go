@@ -55,3 +55,34 @@ func (p *pauses) pause(key string, t, now time.Time) {
 	p.m[key] = t
 	p.n.Store(int64(len(p.m)))
 }
+
+// refundTimeout bounds the bucket calls made after the caller's context may
+// have ended: refunds and observations.
+const refundTimeout = 2 * time.Second
+
+// observeEvery is how often, at most, a Transport tells the bucket what
+// accepted responses of one key report about the quota: each is one more
+// call to a shared bucket, and successive reports mostly say the same.
+const observeEvery = 50 * time.Millisecond
+
+// sampler lets through one observation per key every observeEvery. It is
+// safe for concurrent use.
+type sampler struct {
+	mu   sync.Mutex
+	next map[string]time.Time
+}
+
+// due reports whether key's next observation is due at now, and if so
+// schedules the one after.
+func (s *sampler) due(key string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t, ok := s.next[key]; ok && now.Before(t) {
+		return false
+	}
+	if s.next == nil || len(s.next) >= 1024 {
+		s.next = make(map[string]time.Time) // forget: at worst one more call per key
+	}
+	s.next[key] = now.Add(observeEvery)
+	return true
+}

@@ -8,10 +8,10 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+
 	"github.com/sluicehq/sluice/bucket"
 )
 
@@ -193,40 +193,6 @@ func retryableError(ctx context.Context, err error) bool {
 		cierr x509.CertificateInvalidError
 	)
 	return !errors.As(err, &verr) && !errors.As(err, &uaerr) && !errors.As(err, &herr) && !errors.As(err, &cierr)
-}
-
-// retryAfter returns the delay that h asks for: retry-after-ms if valid,
-// else Retry-After in seconds or as an HTTP-date (a date in the past asks for
-// none).
-func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
-	if v := h.Get("Retry-After-Ms"); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && !math.IsInf(ms, 0) {
-			return fromFloat(ms * float64(time.Millisecond)), true
-		}
-	}
-	v := h.Get("Retry-After")
-	if v == "" {
-		return 0, false
-	}
-	if n, err := strconv.ParseInt(v, 10, 64); err == nil { // the usual form, exact
-		switch {
-		case n < 0:
-			return 0, false
-		case n > int64(bucket.Unlimited/time.Second):
-			return bucket.Unlimited, true
-		}
-		return time.Duration(n) * time.Second, true
-	}
-	if s, err := strconv.ParseFloat(v, 64); err == nil {
-		if s >= 0 && !math.IsInf(s, 0) {
-			return fromFloat(s * float64(time.Second)), true
-		}
-		return 0, false
-	}
-	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now), 0), true
-	}
-	return 0, false
 }
 
 // fromFloat converts nanoseconds to a Duration, rounding up and saturating.

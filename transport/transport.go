@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
-	"github.com/sluicehq/sluice/bucket"
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/bucket"
 )
 
 // Transport is an http.RoundTripper that sends each request through base
@@ -33,6 +35,7 @@ type Transport struct {
 	cfg     config
 	breaker *breaker // nil: none
 	pauses  pauses
+	sampler sampler
 	metrics *metrics
 }
 
@@ -95,14 +98,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 					logReq(ctx, l, req, "sluice: retry not sent, returning the previous response",
 						slog.Int("attempt", n), slog.Int("status", last.StatusCode), errAttr(err))
 				}
-				return last, nil
+				return t.metered(ctx, key, cost, last), nil
 			}
 			return nil, err
 		}
 		last = nil
 		delay, retry := t.retryDelay(ctx, req, resp, err, n, &bo)
 		if !retry {
-			return resp, err
+			return t.metered(ctx, key, cost, resp), err
 		}
 		code := 0
 		if resp != nil {
@@ -135,7 +138,8 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 		}
 	}
 	start := t.cfg.now()
-	if err := t.wait(ctx, key, cost, start); err != nil {
+	epoch, err := t.wait(ctx, key, cost, start)
+	if err != nil {
 		t.metrics.attempt(ctx, waitOutcome(ctx, err))
 		return nil, false, err
 	}
@@ -192,7 +196,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 		return nil, true, err
 	}
 	t.metrics.attempt(ctx, responseOutcome(resp.StatusCode))
-	t.observe(key, resp)
+	t.observe(ctx, key, epoch, resp)
 	if l := t.logger(ctx); l != nil {
 		logReq(ctx, l, req, "sluice: attempt", slog.Int("attempt", n),
 			slog.Duration("waited", waited), slog.Int("status", resp.StatusCode))
@@ -201,36 +205,58 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 }
 
 // wait holds the attempt back until key's pause is over and the bucket has
-// its cost, within the max wait and ctx's deadline.
-func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now time.Time) error {
+// its cost, within the max wait and ctx's deadline. A pause that began
+// while it waited for its slot holds it further: a slot already reserved
+// is not sent into a refusal. It returns the epoch of the reservation.
+func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now time.Time) (uint64, error) {
 	maxWait := t.cfg.maxWait
-	if until := t.pauses.until(key, now); !until.IsZero() {
-		d := until.Sub(now)
-		allowed := maxWait
-		if dl, ok := ctx.Deadline(); ok {
-			allowed = max(min(allowed, dl.Sub(now)), 0)
-		}
-		if d > allowed {
-			return fmt.Errorf("transport: key paused by Retry-After: %w",
-				&bucket.WaitError{RetryAfter: d, MaxWait: allowed})
-		}
-		if err := t.cfg.sleep(ctx, d); err != nil {
-			return err
-		}
-		if maxWait != bucket.Unlimited {
-			maxWait -= d
-		}
+	d, err := t.paused(ctx, key, now, maxWait)
+	if err != nil {
+		return 0, err
+	}
+	if maxWait != bucket.Unlimited {
+		maxWait -= d
 	}
 	if t.cfg.bucket == nil {
-		return nil
+		return 0, nil
 	}
-	if _, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait); err != nil {
+	r, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait)
+	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			return err
+			return 0, err
 		}
-		return fmt.Errorf("transport: %w", err)
+		return 0, fmt.Errorf("transport: %w", err)
 	}
-	return nil
+	if r.Delay > 0 {
+		if maxWait != bucket.Unlimited {
+			maxWait -= r.Delay
+		}
+		if _, err := t.paused(ctx, key, t.cfg.now(), maxWait); err != nil {
+			t.refund(ctx, key, cost)
+			return 0, err
+		}
+	}
+	return r.Epoch, nil
+}
+
+// paused sleeps until key's pause in this process is over, if it is paused,
+// and says how long it slept. A pause longer than maxWait or ctx's deadline
+// allow fails at once with a *bucket.WaitError.
+func (t *Transport) paused(ctx context.Context, key string, now time.Time, maxWait time.Duration) (time.Duration, error) {
+	until := t.pauses.until(key, now)
+	if until.IsZero() {
+		return 0, nil
+	}
+	d := until.Sub(now)
+	allowed := maxWait
+	if dl, ok := ctx.Deadline(); ok {
+		allowed = max(min(allowed, dl.Sub(now)), 0)
+	}
+	if d > allowed {
+		return 0, fmt.Errorf("transport: key paused by Retry-After: %w",
+			&bucket.WaitError{RetryAfter: d, MaxWait: allowed})
+	}
+	return d, t.cfg.sleep(ctx, d)
 }
 
 func waitOutcome(ctx context.Context, err error) outcome {
@@ -248,26 +274,40 @@ func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
 	if t.cfg.bucket == nil {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 	defer cancel()
 	if err := t.cfg.bucket.Adjust(rctx, key, cost.Neg()); err != nil {
 		t.debugKey(ctx, "sluice: refund failed", errAttr(err))
 	}
 }
 
-// observe holds key back in this process for as long as a 429, 503 or 529
-// asks (at most MaxRetryAfter).
-//
-// TODO(adaptive): pass the feedback to bucket.Observe, fleet-wide.
-func (t *Transport) observe(key string, resp *http.Response) {
-	switch resp.StatusCode {
-	case http.StatusTooManyRequests, http.StatusServiceUnavailable, statusOverloaded:
-	default:
+// observe reads what resp says about the limit. A 429, 503 or 529 with a
+// Retry-After holds key back in this process for that long (at most
+// MaxRetryAfter), sending nothing more even on slots already reserved; and
+// the bucket learns it all for the fleet (bucket.Observe): every refusal,
+// and what accepted responses report about the quota, at most once per
+// observeEvery per key.
+func (t *Transport) observe(ctx context.Context, key string, epoch uint64, resp *http.Response) {
+	now := t.cfg.now()
+	fb := adaptive.Parse(resp.StatusCode, resp.Header, now)
+	if fb.Empty() {
 		return
 	}
-	now := t.cfg.now()
-	if ra, ok := retryAfter(resp.Header, now); ok && ra > 0 {
-		t.pauses.pause(key, now.Add(min(ra, t.cfg.retry.MaxRetryAfter)), now)
+	fb.Epoch = epoch
+	if fb.Class == adaptive.RateLimited && adaptive.IsQuotaExhausted(peekBody(resp)) {
+		fb.Class = adaptive.QuotaExhausted
+	}
+	fb.RetryAfter = min(fb.RetryAfter, t.cfg.retry.MaxRetryAfter)
+	if fb.Class != adaptive.Accepted && fb.RetryAfter > 0 {
+		t.pauses.pause(key, now.Add(fb.RetryAfter), now)
+	}
+	if t.cfg.bucket == nil || fb.Class == adaptive.Accepted && !t.sampler.due(key, now) {
+		return
+	}
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	defer cancel()
+	if err := t.cfg.bucket.Observe(octx, key, fb); err != nil {
+		t.debugKey(ctx, "sluice: observe failed", errAttr(err))
 	}
 }
 
@@ -293,7 +333,7 @@ func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *htt
 		} else {
 			switch always, ifIdempotent := retryableStatus(resp.StatusCode); {
 			case always:
-				if resp.StatusCode == http.StatusTooManyRequests && bytes.Contains(peekBody(resp), insufficientQuota) {
+				if resp.StatusCode == http.StatusTooManyRequests && adaptive.IsQuotaExhausted(peekBody(resp)) {
 					if l := t.logger(ctx); l != nil {
 						logReq(ctx, l, req, "sluice: quota exhausted, not retrying", slog.Int("attempt", n))
 					}
@@ -313,7 +353,7 @@ func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *htt
 	var d time.Duration
 	ra, ok := time.Duration(0), false
 	if resp != nil {
-		ra, ok = retryAfter(resp.Header, now)
+		ra, ok = adaptive.RetryAfter(resp.Header, now)
 	}
 	if ok {
 		if ra > r.MaxRetryAfter {
@@ -340,8 +380,6 @@ func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *htt
 	}
 	return d, true
 }
-
-var insufficientQuota = []byte("insufficient_quota")
 
 // breakerChanged records and logs a state change of the breaker.
 func (t *Transport) breakerChanged(name string, from, to gobreaker.State) {

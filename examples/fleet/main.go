@@ -68,6 +68,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/bucket"
 )
 
@@ -181,12 +182,16 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 }
 
 // redisURL returns s as a Redis URL that redis.ParseURL accepts: a bare
-// host:port becomes redis://host:port.
+// host:port becomes redis://host:port. The error never quotes s, which may
+// hold a password.
 func redisURL(s string) (string, error) {
 	if !strings.Contains(s, "://") {
 		s = "redis://" + s
 	}
 	if _, err := redis.ParseURL(s); err != nil {
+		if ue := (*url.Error)(nil); errors.As(err, &ue) { // it quotes the whole URL
+			return "", errors.New("not a valid URL (redis://[user:password@]host:port[/db])")
+		}
 		return "", err
 	}
 	return s, nil

@@ -15,9 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -90,6 +91,8 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"-rate", "-5"}, "-rate must be a number > 0, got -5"},
 		{[]string{"-rate", "+Inf"}, "-rate must be a number > 0, got +Inf"},
 		{[]string{"-redis", "redis://h:1/notadb"}, "-redis: "},
+		{[]string{"-redis", "redis://u:s3cret@h:1/%zz"}, "-redis: not a valid URL"},
+		{[]string{"-redis", "redis://u:s3cret@h:port/0"}, "-redis: not a valid URL"},
 		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"-nosuchflag"}, "flag provided but not defined: -nosuchflag"},
 	} {
@@ -99,6 +102,7 @@ func TestParseFlags(t *testing.T) {
 			assert.ErrorIs(t, err, errUsage)
 			assert.Contains(t, stderr.String(), tc.msg)
 			assert.Contains(t, stderr.String(), "Usage: fleet")
+			assert.NotContains(t, stderr.String(), "s3cret")
 		})
 	}
 }

@@ -8,9 +8,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -27,6 +29,8 @@ type Server struct {
 	Addr string
 	Port int
 
+	conf string // a configuration file to start with, for a sentinel
+
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{}
@@ -35,6 +39,11 @@ type Server struct {
 // Start starts a redis-server on a free port and waits until it answers.
 // extra arguments are passed to redis-server (e.g. "--cluster-enabled", "yes").
 func Start(extra ...string) (*Server, error) {
+	return startConf("", extra)
+}
+
+// startConf is Start with a configuration file, if conf is not empty.
+func startConf(conf string, extra []string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redistest: redis-server binary not found on PATH: %w", err)
@@ -45,7 +54,7 @@ func Start(extra ...string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, conf: conf}
 		if lastErr = s.start(bin, extra); lastErr == nil {
 			return s, nil
 		}
@@ -58,11 +67,15 @@ func (s *Server) start(bin string, extra []string) error {
 	if err != nil {
 		return err
 	}
-	args := append([]string{
+	var args []string
+	if s.conf != "" {
+		args = []string{s.conf, "--sentinel"}
+	}
+	args = append(append(args,
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
 		"--daemonize", "no", "--loglevel", "warning",
-	}, extra...)
+	), extra...)
 	cmd := exec.Command(bin, args...)
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
@@ -88,7 +101,7 @@ func (s *Server) waitReady(timeout time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		if err == nil || redis.IsAuthError(err) { // it answers, if only to ask for a password
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -109,6 +122,22 @@ func (s *Server) Stop() {
 	}
 	cmd.Process.Kill()
 	<-done
+}
+
+// Pause stops the server's process (SIGSTOP) without closing its
+// connections: it accepts no more and answers nothing until Resume.
+func (s *Server) Pause() error { return s.signal(syscall.SIGSTOP) }
+
+// Resume continues the server's process after Pause.
+func (s *Server) Resume() error { return s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig os.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return errors.New("redistest: server not running")
+	}
+	return s.cmd.Process.Signal(sig)
 }
 
 // Restart starts the server again on the same port after Stop.
@@ -223,4 +252,65 @@ func Cluster(t testing.TB, masters int) []string {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// Sentinel is a Redis master, its replica and a sentinel watching them,
+// each a Server of a test's own.
+type Sentinel struct {
+	MasterName string   // the name the sentinel knows the master by
+	Addrs      []string // the sentinel's address
+	Master     *Server
+	Replica    *Server
+	Sentinel   *Server
+}
+
+// StartSentinel starts a master, a replica and a sentinel (quorum 1, master
+// down after 1 s) for t alone, and returns them once the replica is in sync
+// and the sentinel knows both; they are stopped when t ends. A failover
+// (SENTINEL FAILOVER, or the master stopped) makes the replica the master.
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	const name = "sluice"
+	master := Own(t, "--repl-diskless-sync-delay", "0") // sync the replica at once
+	replica := Own(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port), "--repl-diskless-sync-delay", "0")
+	conf := filepath.Join(t.TempDir(), "sentinel.conf")
+	cfg := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds %[1]s 1000\n"+
+		"sentinel failover-timeout %[1]s 5000\n", name, master.Port)
+	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sent, err := startConf(conf, nil)
+	if err != nil {
+		Unavailable(t, err)
+	}
+	t.Cleanup(sent.Stop)
+
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sent.Addr})
+	defer sc.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		// The sentinel finds the replica through the master's INFO.
+		replicas, err := sc.Replicas(context.Background(), name).Result()
+		if err == nil && len(replicas) == 1 && replicas[0]["flags"] == "slave" &&
+			replicas[0]["master-link-status"] == "ok" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: sentinel does not see the replica in sync: %v %v", err, replicas)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return &Sentinel{MasterName: name, Addrs: []string{sent.Addr}, Master: master, Replica: replica, Sentinel: sent}
+}
+
+// MasterAddr returns the address the sentinel gives for the master now.
+func (s *Sentinel) MasterAddr(ctx context.Context) (string, error) {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addrs[0]})
+	defer sc.Close()
+	hp, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(hp[0], hp[1]), nil
 }

@@ -1,0 +1,53 @@
+package bucket
+
+import (
+	"math"
+	"time"
+
+	"github.com/sluicehq/sluice/adaptive"
+)
+
+// adaptation is a token bucket's adaptive law with the times it scales to
+// the limit's window: the longest Burst/Rate among the dimensions.
+type adaptation struct {
+	policy   adaptive.Policy
+	window   time.Duration // refusals are counted within one
+	span     time.Duration // a full recovery: RecoveryWindows windows
+	minEpoch time.Duration // the least time between two decreases
+}
+
+func newAdaptation(p adaptive.Policy, dims []dim) adaptation {
+	var window float64 // seconds
+	for _, d := range dims {
+		window = max(window, d.limit.Burst/d.limit.Rate)
+	}
+	return adaptation{
+		policy:   p,
+		window:   max(ceilDuration(window), time.Microsecond),
+		span:     max(ceilDuration(window*p.RecoveryWindows), time.Microsecond),
+		minEpoch: ceilDuration(window * p.MinEpoch),
+	}
+}
+
+// counts reports whether fb is a refusal that counts toward a decrease of
+// a key at epoch: rate limited, for a request reserved since the last
+// decrease.
+func (a *adaptation) counts(fb adaptive.Feedback, epoch uint64) bool {
+	return fb.Class == adaptive.RateLimited && fb.Epoch >= epoch
+}
+
+// law is the Recovery law as the scripts number it.
+func (a *adaptation) law() any {
+	if a.policy.Recovery == adaptive.Additive {
+		return smallAmounts[1]
+	}
+	return smallAmounts[0]
+}
+
+// addSaturating returns t+d, or a time far in the future if that overflows.
+func addSaturating(t time.Time, d time.Duration) time.Time {
+	if d >= time.Duration(math.MaxInt64)-time.Duration(t.UnixNano()) {
+		return time.Unix(0, math.MaxInt64)
+	}
+	return t.Add(d)
+}

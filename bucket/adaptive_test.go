@@ -1,0 +1,183 @@
+package bucket_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// gap drains key and returns the time between two successive reserved
+// slots, 1/rate, and the epoch of the second reservation.
+func gap(t *testing.T, b bucket.Bucket, key string) (time.Duration, uint64) {
+	t.Helper()
+	ctx := context.Background()
+	var prev bucket.Reservation
+	for i := 0; ; i++ {
+		r, err := b.Reserve(ctx, key, bucket.N(1), bucket.Unlimited)
+		require.NoError(t, err)
+		require.True(t, r.OK)
+		if i > 0 && r.Delay > prev.Delay && prev.Delay > 0 {
+			return r.Delay - prev.Delay, r.Epoch
+		}
+		prev = r
+		require.Less(t, i, 1000, "the bucket never ran dry")
+	}
+}
+
+func rateLimited(epoch uint64) adaptive.Feedback {
+	return adaptive.Feedback{Class: adaptive.RateLimited, Epoch: epoch}
+}
+
+// TestObserve runs the adaptive behaviour against every token bucket
+// backend under controlled time: Local and the Lua scripts must agree.
+func TestObserve(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := t.Context()
+			// 10/s, window 1 s: a recovery spans 60 s, epochs are 1 s apart.
+			lim := bucket.PerSecond(10)
+
+			// One refusal is enough to halve the rate, in most of these tests.
+			one := bucket.WithPolicy(adaptive.Policy{Threshold: 1, Decrease: 0.5})
+
+			t.Run("one decrease per epoch", func(t *testing.T) {
+				b := be.new(t, lim, one)
+				g, e := gap(t, b, "epoch")
+				assert.Equal(t, 100*time.Millisecond, g)
+				assert.Zero(t, e)
+				// Many workers see 429s for requests of epoch 0: one decrease.
+				for range 5 {
+					require.NoError(t, b.Observe(ctx, "epoch", rateLimited(0)))
+				}
+				g, e = gap(t, b, "epoch")
+				assert.Equal(t, 200*time.Millisecond, g, "halved once")
+				assert.Equal(t, uint64(1), e)
+				// A 429 of epoch 1 within MinEpoch of the decrease: no more.
+				require.NoError(t, b.Observe(ctx, "epoch", rateLimited(1)))
+				g, _ = gap(t, b, "epoch")
+				assert.Equal(t, 200*time.Millisecond, g)
+				be.advance(1500 * time.Millisecond)
+				// Old epochs never count again; the current one does.
+				require.NoError(t, b.Observe(ctx, "epoch", rateLimited(0)))
+				g, e = gap(t, b, "epoch")
+				assert.Equal(t, uint64(1), e)
+				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
+				require.NoError(t, b.Observe(ctx, "epoch", rateLimited(1)))
+				g, e = gap(t, b, "epoch")
+				assert.Equal(t, uint64(2), e)
+				assert.InDelta(t, 400*time.Millisecond, g, float64(5*time.Millisecond), "halved again")
+			})
+
+			t.Run("floor", func(t *testing.T) {
+				b := be.new(t, lim, bucket.WithPolicy(adaptive.Policy{Threshold: 1, Decrease: 0.5, Floor: 0.2, MinEpoch: 1e-9}))
+				for e := range uint64(6) {
+					require.NoError(t, b.Observe(ctx, "floor", rateLimited(e)))
+					be.advance(time.Microsecond)
+				}
+				g, e := gap(t, b, "floor")
+				assert.Equal(t, uint64(6), e)
+				assert.InDelta(t, 500*time.Millisecond, g, float64(time.Millisecond), "2/s: 20% of 10/s")
+			})
+
+			t.Run("recovery", func(t *testing.T) {
+				for _, law := range []adaptive.Recovery{adaptive.Cubic, adaptive.Additive} {
+					p := adaptive.Policy{Recovery: law, Threshold: 1}.WithDefaults()
+					b := be.new(t, lim, bucket.WithPolicy(p))
+					key := "recover-" + law.String()
+					require.NoError(t, b.Observe(ctx, key, rateLimited(0)))
+					span := time.Duration(p.RecoveryWindows) * time.Second // window: 1 s
+					var now time.Duration
+					for _, at := range []time.Duration{0, 5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second} {
+						be.advance(at - now)
+						now = at
+						want := p.Fraction(p.Decrease, at, span) * 10
+						g, _ := gap(t, b, key)
+						assert.InEpsilon(t, 1/want, g.Seconds(), 0.001, "%v at %v", law, at)
+					}
+				}
+			})
+
+			t.Run("a reported rate replaces what refusals taught; the burst scales", func(t *testing.T) {
+				b := be.new(t, lim, one)
+				require.NoError(t, b.Observe(ctx, "reported", rateLimited(0)))
+				be.advance(2 * time.Second)
+				assert.InDelta(t, 5, be.tokens(t, "reported")[bucket.Requests], 0.01, "half the rate, half the burst")
+				g, _ := gap(t, b, "reported")
+				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
+				require.NoError(t, b.Observe(ctx, "reported", adaptive.Feedback{Class: adaptive.RateLimited, Epoch: 1,
+					Quotas: map[string]adaptive.Quota{adaptive.Requests: {Limit: 8, Remaining: 0, Window: time.Second}}}))
+				g, e := gap(t, b, "reported")
+				assert.Equal(t, 125*time.Millisecond, g, "the reported 8/s, not halved")
+				assert.Equal(t, uint64(1), e)
+			})
+
+			t.Run("threshold: refusals within a window", func(t *testing.T) {
+				b := be.new(t, lim, bucket.WithPolicy(adaptive.Policy{Decrease: 0.5})) // threshold 3
+				for range 2 {
+					require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
+					be.advance(600 * time.Millisecond)
+				}
+				// The third comes 1.2 s after the first: the count starts over.
+				require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
+				_, e := gap(t, b, "threshold")
+				assert.Zero(t, e, "no decrease")
+				require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
+				require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
+				g, e := gap(t, b, "threshold")
+				assert.Equal(t, uint64(1), e, "three within a window")
+				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
+			})
+
+			t.Run("pause spreads what is reserved during it", func(t *testing.T) {
+				b := be.new(t, lim)
+				require.NoError(t, b.Observe(ctx, "pause", adaptive.Feedback{Class: adaptive.Overloaded, RetryAfter: 2 * time.Second}))
+				for i := range 3 {
+					r, err := b.Reserve(ctx, "pause", bucket.N(1), bucket.Unlimited)
+					require.NoError(t, err)
+					assert.Equal(t, 2*time.Second+time.Duration(i+1)*100*time.Millisecond, r.Delay, "waiter %d", i)
+				}
+				r, err := b.Reserve(ctx, "pause", bucket.N(1), time.Second)
+				require.NoError(t, err)
+				assert.False(t, r.OK, "a wait beyond maxWait takes nothing")
+				assert.Equal(t, 2400*time.Millisecond, r.RetryAfter)
+				// Overloaded is not a reason to slow down: no decrease.
+				_, e := gap(t, b, "pause")
+				assert.Zero(t, e)
+			})
+
+			t.Run("clamp to remaining and reported limit", func(t *testing.T) {
+				b := be.new(t, lim)
+				require.NoError(t, b.Observe(ctx, "quota", adaptive.Feedback{Quotas: map[string]adaptive.Quota{
+					adaptive.Requests: {Limit: 4, Remaining: 2, Window: time.Second},
+				}}))
+				assert.InDelta(t, 2, be.tokens(t, "quota")[bucket.Requests], 1e-6)
+				g, _ := gap(t, b, "quota")
+				assert.Equal(t, 250*time.Millisecond, g, "the reported 4/s")
+				be.advance(1500 * time.Millisecond)
+				assert.InDelta(t, 4, be.tokens(t, "quota")[bucket.Requests], 1e-6, "refills to the reported burst")
+				// A report from another dimension or an unknown remaining
+				// changes nothing here.
+				require.NoError(t, b.Observe(ctx, "quota", adaptive.Feedback{Quotas: map[string]adaptive.Quota{
+					adaptive.Tokens:   {Limit: 1, Remaining: 0},
+					adaptive.Requests: {Remaining: -1},
+				}}))
+				assert.InDelta(t, 4, be.tokens(t, "quota")[bucket.Requests], 1e-6)
+			})
+
+			t.Run("quota exhausted and empty feedback change nothing", func(t *testing.T) {
+				b := be.new(t, lim)
+				require.NoError(t, b.Observe(ctx, "noop", adaptive.Feedback{Class: adaptive.QuotaExhausted}))
+				require.NoError(t, b.Observe(ctx, "noop", adaptive.Feedback{}))
+				g, e := gap(t, b, "noop")
+				assert.Equal(t, 100*time.Millisecond, g)
+				assert.Zero(t, e)
+			})
+		})
+	}
+}

@@ -1,0 +1,21 @@
+package bucket
+
+// WithMemberID makes a bucket count in its fleet as id instead of as this
+// process, so that one test process can play several members.
+func WithMemberID(id string) Option {
+	return optionFunc(func(c *config) { c.redis.memberID = id })
+}
+
+// Members returns the fleet size that a Redis-backed bucket counted last
+// (0: not yet).
+func Members(b Bucket) int64 {
+	switch b := b.(type) {
+	case *Redis:
+		return b.fo.members.Load()
+	case *FixedWindow:
+		return b.fo.members.Load()
+	case *SlidingLog:
+		return b.fo.members.Load()
+	}
+	return 0
+}

@@ -1,0 +1,141 @@
+package transport
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+
+	"github.com/sluicehq/sluice/bucket"
+)
+
+// UsageMeter measures what a call actually cost from its response body, as
+// the caller reads it. WithUsage makes one per response.
+type UsageMeter interface {
+	// Write is given the body's bytes in order, as the caller reads them;
+	// it must not keep p. An error stops the metering: the charge stands.
+	Write(p []byte) (int, error)
+	// Cost returns what the call cost in each dimension the body reported,
+	// and whether the body reported it. It is called once, after the last
+	// Write.
+	Cost() (bucket.Cost, bool)
+}
+
+// WithUsage reconciles what each call is charged with what it cost. For the
+// response RoundTrip returns, f returns a UsageMeter, or nil if the response
+// will not report its usage (f must not read the body); the body is then
+// read through the meter, unbuffered: the caller reads the same bytes, as
+// they arrive. When the caller reaches the end of the body (or a read error)
+// or closes it, whichever comes first, each dimension the meter reports is
+// adjusted by actual − charged: a refund if the call cost less than it was
+// charged, a debit if it cost more. The charge is that of the attempt that
+// produced the response; a dimension it lacks counts as zero charged. The
+// adjustment is made with bucket.Adjust under a context detached from the
+// request's, bounded to 2s, in the goroutine that reads or closes the body.
+//
+// If the usage never shows (the body is closed before it, the stream breaks
+// off, the response has none), the charge stands: the bucket errs on the
+// side of the provider's limit. Without a bucket (WithBucket) there is
+// nothing to reconcile and f is not called. llmclient.MeterUsage reads the
+// usage of OpenAI-compatible and Anthropic responses.
+func WithUsage(f func(*http.Response) UsageMeter) Option {
+	return optionFunc(func(c *config) {
+		if f != nil {
+			c.usage = f
+		}
+	})
+}
+
+// metered returns resp with its body read through a UsageMeter, if
+// WithUsage gives one for it; charged is what the attempt that produced resp
+// took from key.
+func (t *Transport) metered(ctx context.Context, key string, charged bucket.Cost, resp *http.Response) *http.Response {
+	if resp == nil || t.cfg.usage == nil || t.cfg.bucket == nil || resp.Body == nil || resp.Body == http.NoBody {
+		return resp
+	}
+	m := t.cfg.usage(resp)
+	if m == nil {
+		return resp
+	}
+	resp.Body = &meteredBody{body: resp.Body, t: t, ctx: ctx, key: key, charged: charged, meter: m}
+	return resp
+}
+
+// meteredBody is a response body read through a UsageMeter, which
+// reconciles the charge at the end of the body or at Close.
+type meteredBody struct {
+	body    io.ReadCloser
+	t       *Transport
+	ctx     context.Context
+	key     string
+	charged bucket.Cost
+
+	mu    sync.Mutex // Close may be called while Read is
+	meter UsageMeter // nil once reconciled or given up
+}
+
+func (b *meteredBody) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.meter == nil {
+		return n, err
+	}
+	if n > 0 {
+		if _, werr := b.meter.Write(p[:n]); werr != nil {
+			b.meter = nil
+			return n, err
+		}
+	}
+	if err != nil {
+		b.finish()
+	}
+	return n, err
+}
+
+func (b *meteredBody) Close() error {
+	err := b.body.Close()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.meter != nil {
+		b.finish()
+	}
+	return err
+}
+
+// finish reconciles the charge with the meter's cost, if it found one.
+// b.mu must be held and b.meter set.
+func (b *meteredBody) finish() {
+	actual, ok := b.meter.Cost()
+	b.meter = nil
+	if ok {
+		b.t.reconcile(b.ctx, b.key, b.charged, actual)
+	}
+}
+
+// reconcile adjusts key by what a call cost beyond what it was charged.
+func (t *Transport) reconcile(ctx context.Context, key string, charged, actual bucket.Cost) {
+	delta := make(bucket.Cost, len(actual))
+	for dim, v := range actual {
+		if d := v - charged[dim]; d != 0 {
+			delta[dim] = d
+		}
+	}
+	if len(delta) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	defer cancel()
+	if err := t.cfg.bucket.Adjust(rctx, key, delta); err != nil {
+		t.debugKey(ctx, "sluice: usage reconciliation failed", errAttr(err))
+		return
+	}
+	if l := t.logger(ctx); l != nil {
+		attrs := make([]slog.Attr, 0, len(delta))
+		for dim, d := range delta {
+			attrs = append(attrs, slog.Float64(dim, d))
+		}
+		l.LogAttrs(ctx, slog.LevelDebug, "sluice: usage reconciled", slog.Any("delta", slog.GroupValue(attrs...)))
+	}
+}

@@ -1,0 +1,247 @@
+package transport_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// tailMeter is a UsageMeter for tests: the call cost what the body's last
+// "usage=N" says, in tokens.
+type tailMeter struct {
+	seen     bytes.Buffer
+	failWith error
+}
+
+var usageRe = regexp.MustCompile(`usage=(\d+)$`)
+
+func (m *tailMeter) Write(p []byte) (int, error) {
+	if m.failWith != nil {
+		return 0, m.failWith
+	}
+	return m.seen.Write(p)
+}
+
+func (m *tailMeter) Cost() (bucket.Cost, bool) {
+	s := usageRe.FindStringSubmatch(m.seen.String())
+	if s == nil {
+		return nil, false
+	}
+	n, _ := strconv.Atoi(s[1])
+	return bucket.Cost{bucket.Tokens: float64(n)}, true
+}
+
+// adjustCounter is a bucket that counts the calls to Adjust.
+type adjustCounter struct {
+	bucket.Bucket
+	n atomic.Int32
+}
+
+func (b *adjustCounter) Adjust(ctx context.Context, key string, delta bucket.Cost) error {
+	b.n.Add(1)
+	return b.Bucket.Adjust(ctx, key, delta)
+}
+
+// newMetered returns a Transport charging {requests: 1, tokens: 100} to key
+// "k" of a frozen bucket of 1000 tokens, metering with tailMeter.
+func newMetered(t *testing.T, opts ...transport.Option) (*transport.Transport, *bucket.Local, *adjustCounter) {
+	t.Helper()
+	b := bucket.NewLocal(bucket.PerSecond(10), bucket.WithLimit(bucket.Tokens, bucket.PerSecond(1000)),
+		bucket.WithClock(frozen{}))
+	counted := &adjustCounter{Bucket: b}
+	clk := newFakeClock()
+	opts = append([]transport.Option{
+		transport.WithBucket(counted),
+		transport.WithTestClock(clk.Now, clk.Sleep),
+		transport.WithKey(func(*http.Request) string { return "k" }),
+		transport.WithCost(func(*http.Request) bucket.Cost { return bucket.Cost{bucket.Requests: 1, bucket.Tokens: 100} }),
+		transport.WithUsage(func(*http.Response) transport.UsageMeter { return &tailMeter{} }),
+	}, opts...)
+	return transport.New(nil, opts...), b, counted
+}
+
+func TestUsageReconciles(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		body   string
+		read   int // bytes read before Close; -1: to EOF
+		tokens float64
+	}{
+		{"refund", "hello usage=30", -1, 1000 - 30},
+		{"debit", "hello usage=250", -1, 1000 - 250},
+		{"exact", "hello usage=100", -1, 1000 - 100},
+		{"closed before the usage: charge kept", "hello usage=30", 5, 1000 - 100},
+		{"no usage: charge kept", "hello", -1, 1000 - 100},
+		{"closed unread: charge kept", "hello usage=30", 0, 1000 - 100},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newScript(step{status: 200, body: tc.body})
+			defer s.Close()
+			tr, b, counted := newMetered(t)
+			resp, err := get(t, tr, context.Background(), s.URL)
+			require.NoError(t, err)
+			assert.Equal(t, bucket.Cost{bucket.Requests: 9, bucket.Tokens: 900}, b.Tokens("k"), "charged")
+
+			var got []byte
+			if tc.read < 0 {
+				got, err = io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				assert.Equal(t, tc.body, string(got), "the caller reads the bytes sent")
+			} else {
+				got = make([]byte, tc.read)
+				_, err = io.ReadFull(resp.Body, got)
+				require.NoError(t, err)
+			}
+			require.NoError(t, resp.Body.Close())
+			assert.Equal(t, bucket.Cost{bucket.Requests: 9, bucket.Tokens: tc.tokens}, b.Tokens("k"))
+			assert.LessOrEqual(t, counted.n.Load(), int32(1), "at most one adjustment")
+			require.NoError(t, resp.Body.Close(), "a second Close")
+			assert.Equal(t, bucket.Cost{bucket.Requests: 9, bucket.Tokens: tc.tokens}, b.Tokens("k"))
+		})
+	}
+}
+
+func TestUsageReconciledAtEOFWithoutClose(t *testing.T) {
+	s := newScript(step{status: 200, body: "usage=40"})
+	defer s.Close()
+	tr, b, _ := newMetered(t)
+	resp, err := get(t, tr, context.Background(), s.URL)
+	require.NoError(t, err)
+	_, err = io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, 1000-40., b.Tokens("k")[bucket.Tokens])
+}
+
+func TestUsageAfterRetryChargesTheLastAttempt(t *testing.T) {
+	s := newScript(status(503), step{status: 200, body: "usage=10"})
+	defer s.Close()
+	tr, b, counted := newMetered(t)
+	resp, err := get(t, tr, context.Background(), s.URL)
+	require.NoError(t, err)
+	_, err = io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, bucket.Cost{bucket.Requests: 8, bucket.Tokens: 1000 - 100 - 10}, b.Tokens("k"),
+		"the 503 keeps its charge; the 200 is reconciled to its usage")
+	assert.EqualValues(t, 1, counted.n.Load())
+}
+
+func TestUsageOfThePreviousResponse(t *testing.T) {
+	// The retry of the 503 cannot be sent (its wait passes the max wait),
+	// so the 503 is returned, and metered.
+	s := newScript(step{status: 503, body: "busy usage=0"})
+	defer s.Close()
+	b := bucket.NewLocal(bucket.PerSecond(1), bucket.WithLimit(bucket.Tokens, bucket.PerSecond(1000)),
+		bucket.WithClock(frozen{}))
+	clk := newFakeClock()
+	tr := transport.New(nil, transport.WithBucket(b), transport.WithTestClock(clk.Now, clk.Sleep),
+		transport.WithKey(func(*http.Request) string { return "k" }),
+		transport.WithMaxWait(10*time.Millisecond),
+		transport.WithCost(func(*http.Request) bucket.Cost { return bucket.Cost{bucket.Requests: 1, bucket.Tokens: 100} }),
+		transport.WithUsage(func(*http.Response) transport.UsageMeter { return &tailMeter{} }))
+	resp, err := get(t, tr, context.Background(), s.URL)
+	require.NoError(t, err)
+	assert.Equal(t, 503, resp.StatusCode)
+	_, err = io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Equal(t, bucket.Cost{bucket.Requests: 0, bucket.Tokens: 1000}, b.Tokens("k"))
+}
+
+func TestUsageNotMetered(t *testing.T) {
+	t.Run("nil meter", func(t *testing.T) {
+		s := newScript(step{status: 200, body: "usage=1"})
+		defer s.Close()
+		tr, b, counted := newMetered(t,
+			transport.WithUsage(func(*http.Response) transport.UsageMeter { return nil }))
+		resp, err := get(t, tr, context.Background(), s.URL)
+		require.NoError(t, err)
+		_, err = io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, 900., b.Tokens("k")[bucket.Tokens])
+		assert.Zero(t, counted.n.Load())
+	})
+	t.Run("meter fails", func(t *testing.T) {
+		s := newScript(step{status: 200, body: "usage=1"})
+		defer s.Close()
+		tr, b, counted := newMetered(t, transport.WithUsage(func(*http.Response) transport.UsageMeter {
+			return &tailMeter{failWith: errors.New("boom")}
+		}))
+		resp, err := get(t, tr, context.Background(), s.URL)
+		require.NoError(t, err)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, "usage=1", string(got), "the caller's read is unaffected")
+		assert.Equal(t, 900., b.Tokens("k")[bucket.Tokens])
+		assert.Zero(t, counted.n.Load())
+	})
+	t.Run("no bucket", func(t *testing.T) {
+		s := newScript(step{status: 200, body: "usage=1"})
+		defer s.Close()
+		called := false
+		tr := transport.New(nil, transport.WithUsage(func(*http.Response) transport.UsageMeter {
+			called = true
+			return &tailMeter{}
+		}))
+		resp, err := get(t, tr, context.Background(), s.URL)
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		assert.False(t, called)
+	})
+}
+
+func TestUsageCloseDuringRead(t *testing.T) {
+	// A body closed while another goroutine reads it: under -race, Read and
+	// Close share the meter safely, and the charge is reconciled once, to
+	// the usage if the meter got it before Close, or not at all.
+	pr, pw := io.Pipe()
+	b := bucket.NewLocal(bucket.PerSecond(10), bucket.WithLimit(bucket.Tokens, bucket.PerSecond(1000)),
+		bucket.WithClock(frozen{}))
+	counted := &adjustCounter{Bucket: b}
+	tr := transport.New(roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Body: pr, Header: http.Header{}, Request: r}, nil
+	}), transport.WithBucket(counted), transport.WithKey(func(*http.Request) string { return "k" }),
+		transport.WithCost(func(*http.Request) bucket.Cost { return bucket.Cost{bucket.Tokens: 100} }),
+		transport.WithUsage(func(*http.Response) transport.UsageMeter { return &tailMeter{} }))
+	resp, err := get(t, tr, context.Background(), "http://example.invalid/")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Go(func() { io.Copy(io.Discard, resp.Body) })
+	io.WriteString(pw, "usage=5") // returns once read
+	resp.Body.Close()
+	pw.CloseWithError(errors.New("closed"))
+	wg.Wait()
+	assert.Contains(t, []float64{900, 995}, b.Tokens("k")[bucket.Tokens])
+	assert.LessOrEqual(t, counted.n.Load(), int32(1))
+}
+
+func TestUsageLogsNoSecret(t *testing.T) {
+	s := newScript(step{status: 200, body: "usage=30"})
+	defer s.Close()
+	var logs strings.Builder
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	tr, _, _ := newMetered(t, transport.WithLogger(logger))
+	req, err := http.NewRequest("GET", s.URL, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer sk-secret")
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, logs.String(), `msg="sluice: usage reconciled" delta.tokens=-70`)
+	assert.NotContains(t, logs.String(), "sk-secret")
+}
