@@ -45,7 +45,7 @@ func TestHeaderStyles(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newClock()
 			clk.Advance(10 * time.Second)
-			h := NewHandler(Config{
+			h := NewHandler(Config{ChargeCap: true,
 				Requests: FixedWindow(20, time.Minute),
 				Tokens:   TokenBucket(1000, time.Minute, 1000),
 				Headers:  tc.headers,
@@ -74,7 +74,7 @@ func TestHeaderStyles(t *testing.T) {
 
 func TestHeadersOnRejection(t *testing.T) {
 	clk := newClock()
-	h := NewHandler(Config{
+	h := NewHandler(Config{ChargeCap: true,
 		Requests: TokenBucket(2, time.Second, 2),
 		Headers:  OpenAIHeaders | AnthropicHeaders | IETFHeaders,
 		Now:      clk.Now,

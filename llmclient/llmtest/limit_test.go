@@ -97,7 +97,7 @@ func TestAlgorithmBoundaries(t *testing.T) {
 
 func TestAllDimensionsMustAdmit(t *testing.T) {
 	clk := newClock()
-	h := NewHandler(Config{
+	h := NewHandler(Config{ChargeCap: true,
 		Requests: FixedWindow(3, time.Minute),
 		Tokens:   FixedWindow(100, time.Minute),
 		Now:      clk.Now,
@@ -131,7 +131,7 @@ func TestAllDimensionsMustAdmit(t *testing.T) {
 
 func TestRefusedByBothNamesTheLongerWait(t *testing.T) {
 	clk := newClock()
-	h := NewHandler(Config{
+	h := NewHandler(Config{ChargeCap: true,
 		Requests: TokenBucket(1, time.Second, 1),
 		Tokens:   TokenBucket(10, time.Second, 20),
 		Now:      clk.Now,
@@ -146,7 +146,7 @@ func TestRefusedByBothNamesTheLongerWait(t *testing.T) {
 }
 
 func TestRequestTooLarge(t *testing.T) {
-	h := NewHandler(Config{Tokens: SlidingWindow(100, time.Minute), Headers: OpenAIHeaders, Now: newClock().Now})
+	h := NewHandler(Config{ChargeCap: true, Tokens: SlidingWindow(100, time.Minute), Headers: OpenAIHeaders, Now: newClock().Now})
 	w := chat(t, h, userMessage("", 98)) // 101 tokens
 	require.Equal(t, http.StatusTooManyRequests, w.Code)
 	assert.Empty(t, w.Header().Get("Retry-After"), "waiting will not help")
@@ -205,4 +205,20 @@ func TestLimitStringAndRate(t *testing.T) {
 	assert.Equal(t, "requests", Requests.String())
 	assert.Equal(t, "tokens", Tokens.String())
 	assert.Equal(t, "Dimension(7)", Dimension(7).String())
+}
+
+// TestTokensChargedAsUsed: by default a chat costs the tokens it reports
+// using, not its cap; with ChargeCap, its cap.
+func TestTokensChargedAsUsed(t *testing.T) {
+	for _, tc := range []struct {
+		chargeCap bool
+		want      int64
+	}{{false, 3 + 10}, {true, 3 + 500}} {
+		h := NewHandler(Config{ChargeCap: tc.chargeCap, ReplyTokens: 10, Tokens: TokenBucket(1000, time.Minute, 1000), Now: newClock().Now})
+		w := chat(t, h, userMessage("", 500)) // empty prompt: 3 tokens
+		require.Equal(t, http.StatusOK, w.Code)
+		s := h.Stats()
+		assert.Equal(t, tc.want, s.ChargedTokens, "ChargeCap %v", tc.chargeCap)
+		assert.Equal(t, int64(13), s.TotalTokens, "the usage reported")
+	}
 }

@@ -27,6 +27,12 @@ type Config struct {
 	// ReplyTokens is the length in tokens of every completion, unless the
 	// request caps it lower; zero means 16.
 	ReplyTokens int
+	// ChargeCap makes a chat request cost its prompt plus its cap on the
+	// completion (max_completion_tokens, else max_tokens, else ReplyTokens)
+	// in tokens, as OpenAI documents that it counts: whatever the completion
+	// uses. By default it costs its prompt plus the completion it gets, the
+	// usage it reports, as a client that reconciles with the usage counts.
+	ChargeCap bool
 	// Latency is how long, in real time, an admitted request waits before
 	// its response's headers; TokenLatency is how long each completion
 	// token then takes: a stream sends one chunk per token, TokenLatency
@@ -70,9 +76,9 @@ const (
 //
 // POST to any path that ends in /chat/completions (Server.URL +
 // "/chat/completions") is an OpenAI chat completion. The request costs 1
-// request and PromptTokens + its cap (max_completion_tokens, else
-// max_tokens, else ReplyTokens) tokens, taken at admission and never given
-// back, as OpenAI counts. The completion is min(cap, ReplyTokens) tokens of
+// request and its usage in tokens (PromptTokens + the completion's length),
+// taken at admission; with Config.ChargeCap, PromptTokens + its cap. The
+// completion is min(cap, ReplyTokens) tokens of
 // lorem ipsum, 4 characters a token (finish_reason "length" if the cap cut
 // it short, else "stop"), with its usage; with "stream": true it is sent as
 // server-sent events, one chat.completion.chunk per token, a last chunk
@@ -218,7 +224,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, req *ChatRequest
 		} else if limit < a.completion {
 			a.completion, a.finish = limit, "length"
 		}
-		cost[Tokens] = int64(a.prompt + limit)
+		cost[Tokens] = int64(a.prompt + a.completion)
+		if h.cfg.ChargeCap {
+			cost[Tokens] = int64(a.prompt + limit)
+		}
 	}
 	d := h.admit(cost, a)
 	h.cfg.Headers.write(w.Header(), &d.quotas, d.now)

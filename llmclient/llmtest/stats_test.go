@@ -34,7 +34,7 @@ func TestMaxInWindow(t *testing.T) {
 
 func TestMaxInWindowOfTokens(t *testing.T) {
 	clk := newClock()
-	h := NewHandler(Config{Tokens: SlidingWindow(100, time.Minute), Now: clk.Now})
+	h := NewHandler(Config{ChargeCap: true, Tokens: SlidingWindow(100, time.Minute), Now: clk.Now})
 	costs := []int{50, 30, 20, 40, 50}
 	for _, c := range costs {
 		chat(t, h, userMessage("", c-3))
@@ -108,7 +108,7 @@ func TestFaults(t *testing.T) {
 		clk := newClock()
 		var mu sync.Mutex
 		var asked []time.Time
-		h := NewHandler(Config{
+		h := NewHandler(Config{ChargeCap: true,
 			Requests: FixedWindow(1, time.Minute),
 			Headers:  OpenAIHeaders,
 			Now:      clk.Now,
@@ -148,7 +148,7 @@ func TestFaults(t *testing.T) {
 // admitted more than the sliding window's limit.
 func TestConcurrentTotals(t *testing.T) {
 	clk := newClock()
-	srv := NewServer(Config{
+	srv := NewServer(Config{ChargeCap: true,
 		Requests:     SlidingWindow(50, 100*time.Millisecond),
 		Tokens:       FixedWindow(2000, time.Second),
 		Headers:      OpenAIHeaders | AnthropicHeaders | IETFHeaders,

@@ -1,0 +1,196 @@
+package llmclient
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"iter"
+	"net/http"
+	"strings"
+
+	"github.com/sluicehq/sluice/transport"
+)
+
+// Client calls an OpenAI-compatible chat completions API through a
+// transport.Transport: every call first takes {requests: 1, tokens: the
+// estimate} from the bucket, in one reservation, and gives back (or takes
+// more of) the tokens once the response reports what it used. Failed calls
+// are retried as transport.Retry describes.
+//
+// Client is safe for concurrent use.
+type Client struct {
+	url    string // of the chat completions endpoint
+	apiKey string
+	http   *http.Client
+}
+
+// New returns a Client of the API at baseURL, such as
+// "https://api.openai.com/v1" (the chat completions endpoint is
+// baseURL + "/chat/completions"), that authenticates with apiKey as a
+// bearer token; an empty apiKey sends none.
+func New(baseURL, apiKey string, opts ...Option) *Client {
+	c := newConfig(opts)
+	hc := *c.http
+	hc.Transport = transport.New(hc.Transport, append([]transport.Option{
+		transport.WithBucket(c.bucket),
+		transport.WithKey(c.key),
+		transport.WithCost(RequestCost(c.estimator)),
+		transport.WithUsage(MeterUsage),
+	}, c.transport...)...)
+	return &Client{url: strings.TrimSuffix(baseURL, "/") + "/chat/completions", apiKey: apiKey, http: &hc}
+}
+
+// Chat sends req and returns the completion. An error the provider answers
+// with is an *APIError.
+func (c *Client) Chat(ctx context.Context, req ChatRequest) (*Response, error) {
+	resp, err := c.post(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("llmclient: reading the response: %w", err)
+	}
+	var r Response
+	if err := json.Unmarshal(body, &r); err != nil {
+		return nil, fmt.Errorf("llmclient: decoding the response: %w", err)
+	}
+	return &r, nil
+}
+
+// streamRequest is a ChatRequest for a stream that ends with the usage.
+type streamRequest struct {
+	ChatRequest
+	Stream        bool `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// ChatStream returns the completion of req as it is generated, one chunk
+// at a time; the last chunk carries the usage (it asks for it with
+// stream_options.include_usage). Each iteration makes the call; leaving the
+// loop early ends it, and its charge stands unless the usage had already
+// arrived. An error ends the iteration: the call's (an *APIError if the
+// provider answered with one), or the stream's, such as io.ErrUnexpectedEOF
+// if it ended before its "[DONE]".
+//
+//	for chunk, err := range client.ChatStream(ctx, req) {
+//		if err != nil {
+//			return err
+//		}
+//		for _, ch := range chunk.Choices {
+//			fmt.Print(ch.Delta.Content)
+//		}
+//	}
+func (c *Client) ChatStream(ctx context.Context, req ChatRequest) iter.Seq2[Chunk, error] {
+	return func(yield func(Chunk, error) bool) {
+		sr := streamRequest{ChatRequest: req, Stream: true}
+		sr.StreamOptions.IncludeUsage = true
+		resp, err := c.post(ctx, sr)
+		if err != nil {
+			yield(Chunk{}, err)
+			return
+		}
+		defer resp.Body.Close()
+		for data, err := range events(resp.Body) {
+			if err != nil {
+				yield(Chunk{}, fmt.Errorf("llmclient: reading the stream: %w", err))
+				return
+			}
+			if bytes.Equal(data, done) {
+				// Read on to the end, so that the connection can be reused.
+				io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+				return
+			}
+			var ch struct {
+				Chunk
+				errorBody
+			}
+			if err := json.Unmarshal(data, &ch); err != nil {
+				yield(Chunk{}, fmt.Errorf("llmclient: decoding a chunk: %w", err))
+				return
+			}
+			if ch.Error != nil {
+				yield(Chunk{}, newAPIError(resp.StatusCode, resp.Header, data, c.apiKey))
+				return
+			}
+			if !yield(ch.Chunk, nil) {
+				return
+			}
+		}
+	}
+}
+
+// done is the data of the event that ends an OpenAI stream.
+var done = []byte("[DONE]")
+
+// maxDrain bounds what is read after the end of a stream.
+const maxDrain = 4 << 10
+
+// maxEventSize bounds one server-sent event read by ChatStream.
+const maxEventSize = 8 << 20
+
+// events returns the data of the server-sent events that r holds, and
+// io.ErrUnexpectedEOF if r ends before a "[DONE]" event.
+func events(r io.Reader) iter.Seq2[[]byte, error] {
+	return func(yield func([]byte, error) bool) {
+		sc := bufio.NewScanner(r)
+		sc.Buffer(nil, maxEventSize)
+		var data []byte
+		for sc.Scan() {
+			line := sc.Bytes()
+			if len(line) == 0 {
+				if len(data) > 0 && !yield(data, nil) {
+					return
+				}
+				data = data[:0]
+				continue
+			}
+			v, ok := bytes.CutPrefix(line, []byte("data:"))
+			if !ok {
+				continue // a comment, or a field other than data
+			}
+			if len(data) > 0 {
+				data = append(data, '\n')
+			}
+			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+		}
+		err := sc.Err()
+		if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		yield(nil, err)
+	}
+}
+
+// post sends body as JSON to the chat completions endpoint and returns the
+// response if it is a success.
+func (c *Client) post(ctx context.Context, body any) (*http.Response, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("llmclient: encoding the request: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("llmclient: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if c.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("llmclient: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return nil, newAPIError(resp.StatusCode, resp.Header, body, c.apiKey)
+	}
+	return resp, nil
+}

@@ -1,0 +1,78 @@
+package llmclient_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"testing/iotest"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/llmclient"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// newTransport is what an http.Client user (or openai-go's) puts in front
+// of an LLM API: a Transport that charges the estimate and reconciles it.
+func newTransport(b bucket.Bucket) *transport.Transport {
+	return transport.New(nil,
+		transport.WithBucket(b),
+		transport.WithKey(func(*http.Request) string { return key }),
+		transport.WithCost(llmclient.RequestCost(nil)),
+		transport.WithUsage(llmclient.MeterUsage),
+	)
+}
+
+func TestTransportBodyUnchanged(t *testing.T) {
+	jsonBody := `{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"Hi \"there\" é\\n"}}],` +
+		`"usage":{"prompt_tokens":6,"completion_tokens":4,"total_tokens":10}}` + "\n"
+	sseEvents := []string{
+		": hello\n\n",
+		"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\r\n\r\n",
+		"data: {\"choices\":[],\"usage\":{\"total_tokens\":10}}\n",
+		"\n",
+		"data: [DONE]\n\n",
+	}
+	for _, tc := range []struct {
+		name, contentType string
+		pieces            []string // written and flushed one by one
+	}{
+		{"JSON", "application/json", []string{jsonBody}},
+		{"JSON in pieces", "application/json", []string{jsonBody[:7], jsonBody[7:100], jsonBody[100:]}},
+		{"SSE", "text/event-stream", sseEvents},
+	} {
+		for _, oneByte := range []bool{false, true} {
+			name := tc.name
+			if oneByte {
+				name += ", read byte by byte"
+			}
+			t.Run(name, func(t *testing.T) {
+				srv := newRecorder(t, func(w http.ResponseWriter, _ *http.Request) {
+					w.Header().Set("Content-Type", tc.contentType)
+					for _, p := range tc.pieces {
+						io.WriteString(w, p)
+						w.(http.Flusher).Flush()
+					}
+				})
+				b := newBucket()
+				client := &http.Client{Transport: newTransport(b)}
+				resp, err := client.Post(srv.URL, "application/json",
+					strings.NewReader(`{"messages":[{"role":"user","content":"Say hello"}],"max_tokens":100}`))
+				require.NoError(t, err)
+				assert.Equal(t, bucket.Cost{bucket.Requests: 1, bucket.Tokens: helloEstimate}, spent(b))
+				var r io.Reader = resp.Body
+				if oneByte {
+					r = iotest.OneByteReader(r)
+				}
+				got, err := io.ReadAll(r)
+				require.NoError(t, err)
+				require.NoError(t, resp.Body.Close())
+				assert.Equal(t, strings.Join(tc.pieces, ""), string(got), "the bytes the server sent")
+				assert.Equal(t, bucket.Cost{bucket.Requests: 1, bucket.Tokens: 10}, spent(b), "reconciled")
+			})
+		}
+	}
+}

@@ -1,0 +1,303 @@
+package llmclient
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// MeterUsage is the usage extractor to pass to transport.WithUsage: it
+// reads the tokens a call used from a successful (2xx) response of an
+// OpenAI-compatible or Anthropic API, as the caller reads the body, holding
+// no more of it than one server-sent event or the usage object:
+//
+//   - a JSON body's top-level "usage" object;
+//   - an event stream's events with a "usage" object, at the top level or
+//     in "message" (Anthropic's message_start) or "response" (OpenAI's
+//     Responses API); later events override earlier ones field by field.
+//     OpenAI's chat completions stream one only if the request sets
+//     stream_options.include_usage, as Client.ChatStream does.
+//
+// The tokens are total_tokens, or else the sum of prompt_tokens,
+// completion_tokens, input_tokens, cache_creation_input_tokens and
+// output_tokens (Anthropic's cache reads do not count against its limits).
+// Other responses, and compressed bodies the caller decompresses, are not
+// metered (nil): their charge stands.
+func MeterUsage(resp *http.Response) transport.UsageMeter {
+	if resp.StatusCode < 200 || resp.StatusCode > 299 || resp.Header.Get("Content-Encoding") != "" {
+		return nil
+	}
+	mt, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	switch {
+	case mt == "text/event-stream":
+		return &sseMeter{u: noUsage}
+	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
+		return &jsonMeter{u: noUsage}
+	}
+	return nil
+}
+
+// usage is a usage object of any of the providers; a field the object
+// lacks is -1 (see noUsage).
+type usage struct {
+	Total         float64 `json:"total_tokens"`
+	Prompt        float64 `json:"prompt_tokens"`
+	Completion    float64 `json:"completion_tokens"`
+	Input         float64 `json:"input_tokens"`
+	CacheCreation float64 `json:"cache_creation_input_tokens"`
+	Output        float64 `json:"output_tokens"`
+}
+
+// noUsage is the usage to decode into: fields absent from the JSON stay -1.
+var noUsage = usage{-1, -1, -1, -1, -1, -1}
+
+func (u *usage) fields() [6]*float64 {
+	return [...]*float64{&u.Total, &u.Prompt, &u.Completion, &u.Input, &u.CacheCreation, &u.Output}
+}
+
+// merge sets the fields v has, and reports whether it has any.
+func (u *usage) merge(v *usage) bool {
+	dst, has := u.fields(), false
+	for i, f := range v.fields() {
+		if *f >= 0 {
+			*dst[i], has = *f, true
+		}
+	}
+	return has
+}
+
+// cost returns the tokens u reports, if it reports any.
+func (u *usage) cost() (bucket.Cost, bool) {
+	n, found := u.Total, u.Total >= 0
+	if !found {
+		n = 0
+		f := u.fields()
+		for _, f := range f[1:] {
+			if *f >= 0 {
+				n, found = n+*f, true
+			}
+		}
+	}
+	if !found {
+		return nil, false
+	}
+	return bucket.Cost{bucket.Tokens: n}, true
+}
+
+// maxUsage bounds the bytes kept of a JSON body's usage object.
+const maxUsage = 4 << 10
+
+// jsonMeter finds a JSON body's top-level "usage" object as the bytes go
+// by, with a scanner that knows strings, nesting and nothing else; it keeps
+// the usage object only.
+type jsonMeter struct {
+	depth   int  // objects and arrays open
+	str     bool // inside a string
+	esc     bool // after a backslash inside a string
+	key     int  // bytes of "usage" matched by the current top-level string; -1: no match
+	colon   bool // a top-level "usage" string just closed
+	value   bool // after `"usage":`, before the value
+	capture bool // inside the usage object, copying it to buf
+	done    bool // found, or given up
+	buf     []byte
+	u       usage // from noUsage
+	found   bool
+}
+
+const usageKey = "usage"
+
+func (m *jsonMeter) Write(p []byte) (int, error) {
+	start := 0 // of the usage object in p, while capturing
+	for i := 0; i < len(p) && !m.done; i++ {
+		c := p[i]
+		if m.str {
+			switch {
+			case m.esc:
+				m.esc, m.key = false, -1
+			case c == '\\':
+				m.esc, m.key = true, -1
+			case c == '"':
+				m.str = false
+				m.colon = m.key == len(usageKey)
+			case m.key >= 0 && m.key < len(usageKey) && c == usageKey[m.key]:
+				m.key++
+			default:
+				// Not a key being matched: skip to the next quote or backslash.
+				m.key = -1
+				rest := p[i+1:]
+				j := bytes.IndexByte(rest, '"')
+				if j >= 0 {
+					rest = rest[:j]
+				}
+				if k := bytes.IndexByte(rest, '\\'); k >= 0 {
+					j = k
+				}
+				if j < 0 {
+					i = len(p)
+				} else {
+					i += j
+				}
+			}
+			continue
+		}
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			continue
+		}
+		colon, value := m.colon, m.value
+		m.colon, m.value = false, false
+		switch c {
+		case '"':
+			m.str, m.key = true, -1
+			if m.depth == 1 {
+				m.key = 0
+			}
+		case ':':
+			m.value = colon
+		case '{', '[':
+			m.depth++
+			if value && c == '{' {
+				m.capture, start = true, i
+			}
+		case '}', ']':
+			m.depth--
+			if m.capture && m.depth == 1 {
+				m.capture, m.done = false, true
+				if m.keep(p[start:i+1]) && json.Unmarshal(m.buf, &m.u) == nil {
+					m.found = true
+				}
+			}
+		}
+	}
+	if m.capture {
+		m.keep(p[start:])
+	}
+	return len(p), nil
+}
+
+// keep appends b to the usage object kept, and gives up if it grows past
+// maxUsage.
+func (m *jsonMeter) keep(b []byte) bool {
+	if len(m.buf)+len(b) > maxUsage {
+		m.capture, m.done, m.buf = false, true, nil
+		return false
+	}
+	m.buf = append(m.buf, b...)
+	return true
+}
+
+func (m *jsonMeter) Cost() (bucket.Cost, bool) {
+	if !m.found {
+		return nil, false
+	}
+	return m.u.cost()
+}
+
+// maxEvent bounds the bytes kept of one server-sent event.
+const maxEvent = 1 << 20
+
+// sseMeter reads the usage of an event stream, one event at a time.
+type sseMeter struct {
+	line  []byte // the start of the current line, when it spans writes
+	long  bool   // the current line is too long to keep
+	data  []byte // the current event's data
+	over  bool   // the current event is too long: skipped
+	u     usage  // from noUsage, merged with every usage found
+	found bool
+}
+
+func (m *sseMeter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			m.addPartial(p)
+			break
+		}
+		if len(m.line) > 0 || m.long {
+			m.addPartial(p[:i])
+			m.endLine(m.line)
+		} else {
+			m.endLine(p[:i])
+		}
+		m.line, m.long = m.line[:0], false
+		p = p[i+1:]
+	}
+	return n, nil
+}
+
+// addPartial keeps b, a piece of a line that goes on in the next write.
+func (m *sseMeter) addPartial(b []byte) {
+	if m.long || len(m.line)+len(b) > maxEvent {
+		m.line, m.long = m.line[:0], true
+		return
+	}
+	m.line = append(m.line, b...)
+}
+
+// endLine processes a complete line, without its "\n".
+func (m *sseMeter) endLine(line []byte) {
+	if m.long {
+		m.over = true
+		return
+	}
+	line = bytes.TrimSuffix(line, []byte("\r"))
+	if len(line) == 0 {
+		m.dispatch()
+		return
+	}
+	v, ok := bytes.CutPrefix(line, []byte("data:"))
+	if !ok || m.over {
+		return
+	}
+	v = bytes.TrimPrefix(v, []byte(" "))
+	if len(m.data)+1+len(v) > maxEvent {
+		m.over = true
+		return
+	}
+	if len(m.data) > 0 {
+		m.data = append(m.data, '\n')
+	}
+	m.data = append(m.data, v...)
+}
+
+// tokensField is in every usage object, and in few other events.
+var tokensField = []byte(`_tokens"`)
+
+// dispatch ends the current event, reading its usage if it has one.
+func (m *sseMeter) dispatch() {
+	if !m.over && bytes.Contains(m.data, tokensField) {
+		type nested struct {
+			Usage usage `json:"usage"`
+		}
+		ev := struct {
+			Usage    usage  `json:"usage"`
+			Message  nested `json:"message"`
+			Response nested `json:"response"`
+		}{noUsage, nested{noUsage}, nested{noUsage}}
+		if json.Unmarshal(m.data, &ev) == nil {
+			for _, u := range []*usage{&ev.Usage, &ev.Message.Usage, &ev.Response.Usage} {
+				if m.u.merge(u) {
+					m.found = true
+				}
+			}
+		}
+	}
+	m.data, m.over = m.data[:0], false
+}
+
+func (m *sseMeter) Cost() (bucket.Cost, bool) {
+	if len(m.line) > 0 || m.long { // a last line with no newline
+		m.endLine(m.line)
+	}
+	m.dispatch() // a last event with no blank line
+	if !m.found {
+		return nil, false
+	}
+	return m.u.cost()
+}

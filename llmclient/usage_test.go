@@ -1,0 +1,157 @@
+package llmclient_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/llmclient"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// meterResponse returns the meter MeterUsage gives a 200 of this content
+// type.
+func meterResponse(t *testing.T, contentType string) transport.UsageMeter {
+	t.Helper()
+	m := llmclient.MeterUsage(&http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {contentType}}})
+	require.NotNil(t, m)
+	return m
+}
+
+// checkMeter feeds body to fresh meters whole, cut in two (anywhere, or at
+// 256 places), and byte by byte, and checks they all find want (-1:
+// nothing).
+func checkMeter(t *testing.T, contentType, body string, want float64) {
+	t.Helper()
+	check := func(how string, pieces ...string) {
+		t.Helper()
+		m := meterResponse(t, contentType)
+		for _, p := range pieces {
+			n, err := m.Write([]byte(p))
+			require.NoError(t, err)
+			require.Equal(t, len(p), n)
+		}
+		c, ok := m.Cost()
+		if want < 0 {
+			assert.False(t, ok, "%s: found %v", how, c)
+			return
+		}
+		if assert.True(t, ok, how) {
+			assert.Equal(t, bucket.Cost{bucket.Tokens: want}, c, how)
+		}
+	}
+	check("whole", body)
+	step := max(1, len(body)/256) // every cut of a short body
+	for i := 1; i < len(body); i += step {
+		check(fmt.Sprintf("cut at %d", i), body[:i], body[i:])
+	}
+	check("byte by byte", strings.Split(body, "")...)
+}
+
+func TestMeterUsageJSON(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       float64
+	}{
+		{"OpenAI", `{"id":"c","choices":[{"message":{"role":"assistant","content":"say \"usage\": {\"total_tokens\": 99} \\"}}],` +
+			`"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}`, 12},
+		{"usage first, spaced", "{\n  \"usage\" : {\n \"total_tokens\" : 3 },\n  \"x\": [1, {\"usage\": 2}]\n}\n", 3},
+		{"Responses API", `{"output":[],"usage":{"input_tokens":3,"output_tokens":4,"total_tokens":7}}`, 7},
+		{"Anthropic", `{"content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":10,` +
+			`"cache_creation_input_tokens":2,"cache_read_input_tokens":100,"output_tokens":5}}`, 17},
+		{"no total", `{"usage":{"prompt_tokens":3,"completion_tokens":4}}`, 7},
+		{"nested usage only", `{"data":{"usage":{"total_tokens":5}},"list":[{"usage":{"total_tokens":5}}]}`, -1},
+		{"top-level array", `[{"usage":{"total_tokens":5}}]`, -1},
+		{"usage null", `{"usage":null,"x":{"total_tokens":5}}`, -1},
+		{"usage a string", `{"model":"usage","usage":"total_tokens"}`, -1},
+		{"usage without tokens", `{"usage":{"requests":1}}`, -1},
+		{"negative", `{"usage":{"total_tokens":-1}}`, -1},
+		{"cut off", `{"id":"c","usage":{"total_tokens":5`, -1},
+		{"no usage", `{"error":{"message":"x"}}`, -1},
+		{"empty", ``, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) { checkMeter(t, "application/json", tc.body, tc.want) })
+	}
+	t.Run("usage too large", func(t *testing.T) {
+		body := `{"usage":{"total_tokens":5,"x":"` + strings.Repeat("a", 5000) + `"}}`
+		checkMeter(t, "application/json", body, -1)
+	})
+}
+
+func TestMeterUsageSSE(t *testing.T) {
+	const openAI = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}],\"usage\":null}\n\n" +
+		"data: {\"choices\":[{\"delta\":{\"content\":\"max_tokens\"}}],\"usage\":null}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":10,\"total_tokens\":16}}\n\n" +
+		"data: [DONE]\n\n"
+	const anthropic = "event: message_start\n" +
+		"data: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n" +
+		"event: ping\ndata: {\"type\": \"ping\"}\n\n" +
+		"event: content_block_delta\n" +
+		"data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n" +
+		"event: message_delta\n" +
+		"data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n" +
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	for _, tc := range []struct {
+		name, body string
+		want       float64
+	}{
+		{"OpenAI", openAI, 16},
+		{"OpenAI, CRLF", strings.ReplaceAll(openAI, "\n", "\r\n"), 16},
+		{"OpenAI, no usage asked", "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n", -1},
+		{"Anthropic", anthropic, 25 + 15},
+		{"Responses API", "event: response.completed\n" +
+			"data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":4,\"output_tokens\":5,\"total_tokens\":9}}}\n\n", 9},
+		{"data on two lines, comments", ": keep-alive\n\ndata:{\"usage\":\ndata: {\"total_tokens\":4}}\nid: 7\n\n", 4},
+		{"last event without blank line", "data: {\"usage\":{\"total_tokens\":4}}", 4},
+		{"cut off", "data: {\"choices\":[]}\n\ndata: {\"usage\":{\"total_", -1},
+		{"not data", "event: {\"usage\":{\"total_tokens\":4}}\n\n", -1},
+		{"empty", "", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) { checkMeter(t, "text/event-stream", tc.body, tc.want) })
+	}
+	t.Run("line too long skipped", func(t *testing.T) {
+		long := "data: {\"usage\":{\"total_tokens\":99},\"x\":\"" + strings.Repeat("a", 1<<20) + "\"}\n\n"
+		body := long + "data: {\"usage\":{\"total_tokens\":4}}\n\n"
+		for _, size := range []int{len(body), 4096, 1000} {
+			m := meterResponse(t, "text/event-stream")
+			for b := body; b != ""; b = b[min(size, len(b)):] {
+				m.Write([]byte(b[:min(size, len(b))]))
+			}
+			c, ok := m.Cost()
+			assert.True(t, ok)
+			assert.Equal(t, bucket.Cost{bucket.Tokens: 4}, c, "writes of %d", size)
+		}
+	})
+}
+
+func TestMeterUsageResponses(t *testing.T) {
+	for _, tc := range []struct {
+		status      int
+		contentType string
+		encoding    string
+		metered     bool
+	}{
+		{200, "application/json", "", true},
+		{201, "application/json; charset=utf-8", "", true},
+		{200, "application/vnd.api+json", "", true},
+		{200, "Text/Event-Stream; charset=utf-8", "", true},
+		{200, "text/plain", "", false},
+		{200, "", "", false},
+		{200, "application/json", "gzip", false},
+		{429, "application/json", "", false},
+		{500, "text/event-stream", "", false},
+		{304, "application/json", "", false},
+	} {
+		h := http.Header{"Content-Type": {tc.contentType}}
+		if tc.encoding != "" {
+			h.Set("Content-Encoding", tc.encoding)
+		}
+		m := llmclient.MeterUsage(&http.Response{StatusCode: tc.status, Header: h})
+		assert.Equal(t, tc.metered, m != nil, "%d %q %q", tc.status, tc.contentType, tc.encoding)
+	}
+}
