@@ -170,6 +170,10 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 			k.burst[i] = q.Limit
 		}
 	}
+	f := l.fraction(k, now)
+	for i := range k.tokens {
+		k.tokens[i] = min(k.tokens[i], l.burst(k, i, f))
+	}
 	return nil
 }
 
