@@ -71,14 +71,15 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		verdict = smallAmounts[1] // a refusal to count
 	}
 	keys := make([]string, 0, len(r.dims)+1)
-	keys = append(keys, r.stateKey(key))
+	base := r.baseKey(key)
+	keys = append(keys, base)
 	args := make([]any, 0, 10+5*len(r.dims))
 	args = append(args, verdict, r.span, r.adapt.law(), scriptArg(float64(fb.Epoch)),
 		scriptArg(float64(max(fb.RetryAfter, 0).Microseconds())),
 		scriptArg(p.Decrease), scriptArg(p.Floor), scriptArg(float64(r.adapt.minEpoch.Microseconds())),
 		scriptArg(float64(p.Threshold)), scriptArg(float64(r.adapt.window.Microseconds())))
 	for i, d := range r.dims {
-		keys = append(keys, r.redisKey(key, d.name))
+		keys = append(keys, r.dimKey(base, d.name))
 		rem, rate, burst := -1.0, 0.0, 0.0
 		if q, ok := fb.Quotas[d.name]; ok {
 			if q.Remaining >= 0 && !math.IsInf(q.Remaining, 0) {

@@ -104,7 +104,7 @@ end
 // reserveScript takes each dimension key's amount if all of them can be
 // taken within ARGV[1] microseconds, all or nothing. It returns the wait in
 // microseconds (0 if the tokens were there), negated if nothing was taken
-// (a refused wait is always > 0), and the key's epoch.
+// (a refused wait is always > 0), and the key's epoch, if not 0.
 var reserveScript = redis.NewScript(luaCommon + `
 local f, epoch = fraction(span, law)
 local st, wait = {}, 0
@@ -119,10 +119,14 @@ for i = 1, #KEYS - 1 do
   wait = math.max(wait, w)
 end
 if wait > tonumber(ARGV[1]) then
-  return {-wait, epoch}
+  wait = -wait
+else
+  for i, s in ipairs(st) do
+    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5])
+  end
 end
-for i, s in ipairs(st) do
-  store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5])
+if epoch == 0 then
+  return wait -- one integer is cheaper to read
 end
 return {wait, epoch}
 `)

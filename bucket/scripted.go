@@ -37,15 +37,22 @@ func newScripted(rdb redis.UniversalClient, limit Limit, opts []Option, suffix s
 	return s
 }
 
-// redisKey is <prefix>:{<key>}:<dim><suffix>, key as keyTag writes it: the
-// braces put every dimension of a key in one Cluster hash slot.
-func (s *scripted) redisKey(key, dim string) string {
-	return s.prefix + ":{" + keyTag(key) + "}:" + dim + s.suffix
+// baseKey is <prefix>:{<key>}, key as keyTag writes it: the name of key's
+// adaptive state, and the start of its dimensions' names. The braces put
+// every name of a key in one Cluster hash slot.
+func (s *scripted) baseKey(key string) string {
+	return s.prefix + ":{" + keyTag(key) + "}"
 }
 
-// stateKey is <prefix>:{<key>}, the hash of key's adaptive state.
-func (s *scripted) stateKey(key string) string {
-	return s.prefix + ":{" + keyTag(key) + "}"
+// dimKey is the name of a dimension of the key whose baseKey is base:
+// <base>:<dim><suffix>.
+func (s *scripted) dimKey(base, dim string) string {
+	return base + ":" + dim + s.suffix
+}
+
+// redisKey is the name of key's dimension dim.
+func (s *scripted) redisKey(key, dim string) string {
+	return s.dimKey(s.baseKey(key), dim)
 }
 
 // prepare builds the KEYS and ARGV of a script for the dimensions cost
@@ -57,6 +64,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]
 	}
 	var keys []string
 	var args []any
+	var base string
 	for i := range s.dims {
 		d := &s.dims[i]
 		v, ok := cost[d.name]
@@ -72,13 +80,14 @@ func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]
 		}
 		if keys == nil {
 			keys = make([]string, 0, len(s.dims)+1)
+			base = s.baseKey(key)
 			if s.state {
-				keys = append(keys, s.stateKey(key))
+				keys = append(keys, base)
 			}
 			args = make([]any, 0, len(head)+3*len(s.dims))
 			args = append(args, head...)
 		}
-		keys = append(keys, s.redisKey(key, d.name))
+		keys = append(keys, s.dimKey(base, d.name))
 		args = append(args, s.param[i], d.burst, scriptArg(v))
 	}
 	return keys, args, nil
@@ -152,13 +161,14 @@ func (s *scripted) tokens(ctx context.Context, script *redis.Script, key string,
 		return nil, ErrInvalidKey
 	}
 	keys := make([]string, 0, len(s.dims)+1)
+	base := s.baseKey(key)
 	if s.state {
-		keys = append(keys, s.stateKey(key))
+		keys = append(keys, base)
 	}
 	args := make([]any, 0, len(head)+3*len(s.dims))
 	args = append(args, head...)
 	for i, d := range s.dims {
-		keys = append(keys, s.redisKey(key, d.name))
+		keys = append(keys, s.dimKey(base, d.name))
 		args = append(args, s.param[i], d.burst, smallAmounts[0])
 	}
 	res, err := s.run(ctx, script, keys, args...).StringSlice()

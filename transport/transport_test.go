@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -399,3 +400,53 @@ type idleCloser struct {
 }
 
 func (c *idleCloser) CloseIdleConnections() { *c.closed = true }
+
+// TestReservedSlotHeldThroughPause: a request whose slot was reserved
+// before a 429 paused its key, and falls inside the pause, is held until the
+// pause ends instead of being sent into it.
+func TestReservedSlotHeldThroughPause(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		arrivals []time.Time
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrivals = append(arrivals, time.Now())
+		first := len(arrivals) == 1
+		mu.Unlock()
+		if first {
+			time.Sleep(50 * time.Millisecond) // the second request reserves meanwhile
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer srv.Close()
+	b := bucket.NewLocal(bucket.Limit{Rate: 10, Burst: 1})
+	tr := transport.New(nil, transport.WithBucket(b), transport.WithRetry(transport.Retry{MaxAttempts: 1}))
+	get := func() (int, time.Time) {
+		resp, err := tr.RoundTrip(must(http.NewRequest("GET", srv.URL, nil)))
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode, time.Now()
+	}
+	var wg sync.WaitGroup
+	var refusedAt time.Time
+	wg.Go(func() {
+		code, at := get()
+		assert.Equal(t, http.StatusTooManyRequests, code)
+		refusedAt = at
+	})
+	time.Sleep(10 * time.Millisecond)
+	code, _ := get() // its slot: 100 ms after the first; the pause: 1 s after the 429
+	wg.Wait()
+	assert.Equal(t, http.StatusOK, code)
+	require.Len(t, arrivals, 2)
+	assert.GreaterOrEqual(t, arrivals[1].Sub(refusedAt), 900*time.Millisecond, "held until the pause ended")
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
