@@ -25,9 +25,11 @@ import (
 // retried as Retry describes. The response returned is the last attempt's,
 // unread and untouched: its body streams as the upstream writes it.
 //
-// A 429 or 503 (or 529) with a Retry-After holds back every request of its
-// key sent through this Transport until that time (at most
-// Retry.MaxRetryAfter).
+// What each response says about the limit (adaptive.Parse) goes to the
+// bucket's Observe, which applies it for every process sharing the bucket.
+// A 429 or 503 (or 529) with a Retry-After also holds back every request
+// of its key sent through this Transport until that time (at most
+// Retry.MaxRetryAfter), even one whose slot was already reserved.
 //
 // Transport is safe for concurrent use.
 type Transport struct {
