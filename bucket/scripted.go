@@ -50,11 +50,6 @@ func (s *scripted) dimKey(base, dim string) string {
 	return base + ":" + dim + s.suffix
 }
 
-// redisKey is the name of key's dimension dim.
-func (s *scripted) redisKey(key, dim string) string {
-	return s.dimKey(s.baseKey(key), dim)
-}
-
 // prepare builds the KEYS and ARGV of a script for the dimensions cost
 // charges: ARGV is head, then param, burst and amount for each key. With
 // reserve, amounts are checked against the limits.
