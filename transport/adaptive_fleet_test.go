@@ -353,8 +353,8 @@ func TestAdaptiveFleet(t *testing.T) {
 	sluice := fmt.Sprintf("sluice, Redis bucket %d/s, adaptive", adaptiveCeiling)
 	scenarios := []adaptiveScenario{
 		// Measured over several runs (429s / x ideal): token bucket 4.7-5.5%
-		// / 1.10-1.11; with headers 0.7-4.5% / 1.02-1.06; fixed window
-		// 5.7-6.8% / 1.14-1.17; sliding window 6.7-9.5% / 1.25-1.63. Most
+		// / 1.10-1.12; with headers 0.7-4.5% / 1.02-1.06; fixed window
+		// 5.7-7.5% / 1.14-1.18; sliding window 6.7-9.5% / 1.25-1.63. Most
 		// of the 429s are the first second's: 32 calls at once into a
 		// ceiling burst of 40 against a server burst of 20.
 		{name: "token-bucket", limit: tokenBucket, mode: modeSluice, client: sluice,
