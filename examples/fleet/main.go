@@ -56,7 +56,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -70,6 +69,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/demo"
 )
 
 // workerEnv, when set, makes the process a worker; its value is the worker's
@@ -91,7 +91,7 @@ const (
 func main() {
 	// Every Redis error reaches the user through a returned error; the
 	// client's own log lines would only repeat them.
-	redis.SetLogger(quietLogger{})
+	redis.SetLogger(demo.QuietLogger{})
 	if spec, ok := os.LookupEnv(workerEnv); ok {
 		os.Exit(workerMain(spec))
 	}
@@ -108,11 +108,6 @@ func main() {
 		os.Exit(1)
 	}
 }
-
-// quietLogger discards go-redis's log lines.
-type quietLogger struct{}
-
-func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // config is what the command line asks for.
 type config struct {
@@ -167,7 +162,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		problem = fmt.Sprintf("-rate must be a number > 0, got %g", c.rate)
 	}
 	if problem == "" && c.redis != "" {
-		u, err := redisURL(c.redis)
+		u, err := demo.RedisURL(c.redis)
 		if err != nil {
 			problem = "-redis: " + err.Error()
 		}
@@ -179,31 +174,6 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return c, errUsage
 	}
 	return c, nil
-}
-
-// redisURL returns s as a Redis URL that redis.ParseURL accepts: a bare
-// host:port becomes redis://host:port. The error never quotes s, which may
-// hold a password.
-func redisURL(s string) (string, error) {
-	if !strings.Contains(s, "://") {
-		s = "redis://" + s
-	}
-	if _, err := redis.ParseURL(s); err != nil {
-		if ue := (*url.Error)(nil); errors.As(err, &ue) { // it quotes the whole URL
-			return "", errors.New("not a valid URL (redis://[user:password@]host:port[/db])")
-		}
-		return "", err
-	}
-	return s, nil
-}
-
-// redacted returns a Redis URL fit for messages: without its password.
-func redacted(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "the Redis server"
-	}
-	return u.Redacted()
 }
 
 // run is the parent: it starts the workers, relays their output and prints
@@ -221,8 +191,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer mr.Close()
 		c.redis = "redis://" + mr.Addr()
-	} else if err := ping(ctx, c.redis); err != nil {
-		return fmt.Errorf("cannot reach Redis at %s: %w", redacted(c.redis), err)
+	} else if err := demo.Ping(ctx, c.redis, redisTimeout); err != nil {
+		return fmt.Errorf("cannot reach Redis at %s: %w", demo.Redacted(c.redis), err)
 	}
 
 	exe, err := os.Executable()
@@ -304,20 +274,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("total allowed %d exceeds the bound %.2f: the bucket admitted too much", total, bound)
 	}
 	return nil
-}
-
-// ping checks that the Redis server at redisURL answers.
-func ping(ctx context.Context, redisURL string) error {
-	opt, err := redis.ParseURL(redisURL)
-	if err != nil {
-		return err
-	}
-	opt.MaxRetries = -1 // the dials are retried already
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(ctx, redisTimeout)
-	defer cancel()
-	return rdb.Ping(ctx).Err()
 }
 
 // syncWriter writes whole lines to w, one writer at a time.
@@ -462,13 +418,13 @@ func work(ctx context.Context, spec workerSpec, w io.Writer) error {
 	err = rdb.Ping(pctx).Err()
 	cancel()
 	if err != nil {
-		return fmt.Errorf("cannot reach Redis at %s: %w", redacted(spec.Redis), err)
+		return fmt.Errorf("cannot reach Redis at %s: %w", demo.Redacted(spec.Redis), err)
 	}
 
 	start := time.Unix(0, spec.Start)
 	allowed, end := 0, start
 	for i := range spec.Requests {
-		if err := sleepUntil(ctx, start.Add(time.Duration(i)*spec.Interval)); err != nil {
+		if err := demo.SleepUntil(ctx, start.Add(time.Duration(i)*spec.Interval)); err != nil {
 			return err
 		}
 		rctx, cancel := context.WithTimeout(ctx, redisTimeout)
@@ -487,20 +443,4 @@ func work(ctx context.Context, spec workerSpec, w io.Writer) error {
 	}
 	_, err = fmt.Fprintf(w, "%s allowed=%d end=%s\n", resultPrefix, allowed, strconv.FormatInt(end.UnixNano(), 10))
 	return err
-}
-
-// sleepUntil waits until t, or until ctx is done.
-func sleepUntil(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -105,6 +105,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicehq/sluice/internal/demo"
 	"github.com/sluicehq/sluice/llmclient/llmtest"
 )
 
@@ -128,7 +129,7 @@ const (
 func main() {
 	// Every Redis error reaches the user through a returned error; the
 	// client's own log lines would only repeat them.
-	redis.SetLogger(quietLogger{})
+	redis.SetLogger(demo.QuietLogger{})
 	if spec, ok := os.LookupEnv(workerEnv); ok {
 		os.Exit(workerMain(spec))
 	}
@@ -145,11 +146,6 @@ func main() {
 		os.Exit(1)
 	}
 }
-
-// quietLogger discards go-redis's log lines.
-type quietLogger struct{}
-
-func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // config is what the command line asks for.
 type config struct {
@@ -230,7 +226,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		}
 	}
 	if problem == "" && c.redis != "" {
-		u, err := redisURL(c.redis)
+		u, err := demo.RedisURL(c.redis)
 		if err != nil {
 			problem = "-redis: " + err.Error()
 		}
@@ -244,27 +240,6 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	return c, nil
 }
 
-// redisURL returns s as a Redis URL that redis.ParseURL accepts: a bare
-// host:port becomes redis://host:port.
-func redisURL(s string) (string, error) {
-	if !strings.Contains(s, "://") {
-		s = "redis://" + s
-	}
-	if _, err := redis.ParseURL(s); err != nil {
-		return "", err
-	}
-	return s, nil
-}
-
-// redacted returns a URL fit for messages: without its password.
-func redacted(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "the Redis server"
-	}
-	return u.Redacted()
-}
-
 // run is the parent: it starts the fake API and Redis if need be, then the
 // workers, follows their progress and prints the summary.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -273,7 +248,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	redisName := "Redis at " + redacted(c.redis)
+	redisName := "Redis at " + demo.Redacted(c.redis)
 	if c.redis == "" {
 		mr, err := miniredis.Run()
 		if err != nil {
@@ -282,8 +257,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer mr.Close()
 		c.redis = "redis://" + mr.Addr()
 		redisName = "an embedded Redis"
-	} else if err := ping(ctx, c.redis); err != nil {
-		return fmt.Errorf("cannot reach Redis at %s: %w", redacted(c.redis), err)
+	} else if err := demo.Ping(ctx, c.redis, redisTimeout); err != nil {
+		return fmt.Errorf("cannot reach Redis at %s: %w", demo.Redacted(c.redis), err)
 	}
 
 	var api *llmtest.Server
@@ -380,20 +355,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // of its rate.
 func burstOf(n int) int64 {
 	return max(1, int64(math.Round(float64(n)*hiddenBurst.Seconds()/60)))
-}
-
-// ping checks that the Redis server at redisURL answers.
-func ping(ctx context.Context, redisURL string) error {
-	opt, err := redis.ParseURL(redisURL)
-	if err != nil {
-		return err
-	}
-	opt.MaxRetries = -1 // the dials are retried already
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(ctx, redisTimeout)
-	defer cancel()
-	return rdb.Ping(ctx).Err()
 }
 
 // results gathers what the workers report.

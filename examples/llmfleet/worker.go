@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/demo"
 	"github.com/sluicehq/sluice/llmclient"
 )
 
@@ -103,7 +104,7 @@ func work(ctx context.Context, spec workerSpec, w io.Writer) error {
 	err = rdb.Ping(pctx).Err() // connect before the start
 	cancel()
 	if err != nil {
-		return fmt.Errorf("cannot reach Redis at %s: %w", redacted(spec.Redis), err)
+		return fmt.Errorf("cannot reach Redis at %s: %w", demo.Redacted(spec.Redis), err)
 	}
 
 	// The fleet's one bucket: every process makes the same, on the same
@@ -132,7 +133,7 @@ func work(ctx context.Context, spec workerSpec, w io.Writer) error {
 		}
 	}
 
-	if err := sleepUntil(ctx, time.Unix(0, spec.Start)); err != nil {
+	if err := demo.SleepUntil(ctx, time.Unix(0, spec.Start)); err != nil {
 		return err
 	}
 	next := make(chan int)
@@ -262,20 +263,4 @@ func (u *upstream) attempts() int64 {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.n
-}
-
-// sleepUntil waits until t, or until ctx is done.
-func sleepUntil(ctx context.Context, t time.Time) error {
-	d := time.Until(t)
-	if d <= 0 {
-		return ctx.Err()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
