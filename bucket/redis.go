@@ -30,8 +30,7 @@ var _ Bucket = (*Redis)(nil)
 func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r := &Redis{scripted: newScripted(rdb, limit, opts, "", func(l Limit) any { return scriptArg(l.Rate) })}
 	r.state = true
-	c, _ := newConfig(limit, opts)
-	r.adapt = newAdaptation(c.policy, r.dims)
+	r.adapt = newAdaptation(r.policy, r.dims)
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	return r
 }

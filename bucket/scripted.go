@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/adaptive"
 )
 
 // scripted is what the Redis-backed buckets share: the client, the
@@ -21,6 +23,7 @@ type scripted struct {
 	prefix string
 	suffix string // after the dimension: one key type per algorithm
 	state  bool   // the scripts' KEYS[1] is the key's adaptive state
+	policy adaptive.Policy
 	fo     *failover
 }
 
@@ -30,7 +33,7 @@ func newScripted(rdb redis.UniversalClient, limit Limit, opts []Option, suffix s
 		panic(fmt.Sprintf("bucket: prefix %q holds a brace: it would choose the Cluster hash slot", c.prefix))
 	}
 	s := scripted{rdb: rdb, dims: dims, param: make([]any, len(dims)), prefix: c.prefix, suffix: suffix,
-		fo: newFailover(rdb, c, dims)}
+		policy: c.policy, fo: newFailover(rdb, c, dims)}
 	for i, d := range dims {
 		s.param[i] = param(d.limit)
 	}
