@@ -229,18 +229,32 @@ func (f *failover) do(ctx context.Context, call func(context.Context) error) err
 	case err == nil:
 		done(nil)
 		return nil
-	case ctx.Err() != nil:
+	case callerDone(ctx) != nil:
 		done(errNotRedis)
-		if errors.Is(err, ctx.Err()) {
+		cerr := callerDone(ctx)
+		if errors.Is(err, cerr) {
 			return err
 		}
-		return fmt.Errorf("%w (%w)", ctx.Err(), err) // e.g. an i/o timeout set from ctx
+		return fmt.Errorf("%w (%w)", cerr, err) // e.g. an i/o timeout set from ctx
 	case !redisFailure(err):
 		done(nil) // Redis answered
 		return err
 	}
 	done(err)
 	return &UnavailableError{Err: err}
+}
+
+// callerDone returns ctx's error, or context.DeadlineExceeded once its
+// deadline has passed: a socket read that timed out at that deadline may
+// return before ctx's own timer has marked it done.
+func callerDone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // redisFailure reports whether err, from a call whose context is still
