@@ -147,12 +147,12 @@ func (r Recovery) String() string {
 
 // Policy is the law a bucket follows when its responses are throttled.
 // Rates are handled as fractions of the configured limit (the ceiling).
-// Threshold refusals within a window multiply the fraction by Decrease, at
-// most once per epoch (a refusal of a request reserved before the last
-// decrease does not count); the fraction then recovers toward 1 as the
-// Recovery law says, over a time scaled to the limit's window (Burst/Rate),
-// so that a per-minute limit recovers over minutes and a per-second one over
-// seconds. The zero Policy is DefaultPolicy.
+// Threshold refusals within ThresholdWindows windows multiply the fraction
+// by Decrease, at most once per epoch (a refusal of a request reserved
+// before the last decrease does not count); the fraction then recovers
+// toward 1 as the Recovery law says, over a time scaled to the limit's
+// window (Burst/Rate), so that a per-minute limit recovers over minutes and
+// a per-second one over seconds. The zero Policy is DefaultPolicy.
 //
 // The defaults were chosen with the simulation in the bucket package's
 // tests (TestAdaptiveSimulation): over hidden limits per second and per
@@ -161,10 +161,17 @@ func (r Recovery) String() string {
 type Policy struct {
 	// Decrease multiplies the rate on a decrease, in (0, 1). Default 0.7.
 	Decrease float64
-	// Threshold is how many refusals within one window of the limit make a
-	// decrease: one 429 now and then at the exact limit is noise, not a
-	// reason to halve. Default 3.
+	// Threshold is how many refusals within ThresholdWindows windows of the
+	// limit make a decrease: one 429 now and then at the exact limit is
+	// noise, not a reason to cut. Default 3.
 	Threshold int
+	// ThresholdWindows is the time over which refusals are counted toward
+	// Threshold, in windows of the limit. Default 3: a refusal's
+	// Retry-After pauses the whole fleet, so a rate that is too high may
+	// draw only one or two refusals per pause, a window or more apart; a
+	// count within one window would never reach the threshold, and the
+	// fleet would live on pauses.
+	ThresholdWindows float64
 	// Floor is the lowest fraction of the ceiling the rate falls to, in
 	// (0, 1]. Default 0.02.
 	Floor float64
@@ -181,11 +188,22 @@ type Policy struct {
 	// limit: a decrease takes that long to show in the provider's counters.
 	// Default 1.
 	MinEpoch float64
+	// ColdStart starts a key empty rather than full, but for its first
+	// reservation, which goes at once: the rest follow at the rate, never
+	// as a burst. When the configured limit is a guess, its burst is one
+	// too; a fleet that starts together with a full burst draws a 429 for
+	// everything beyond the provider's burst before any response can teach
+	// it. A key forgotten once idle (full again) starts cold again, as TCP
+	// restarts slow start after an idle period. The cost is latency for a
+	// burst of calls on a fresh key, which goes out at the rate; over any
+	// interval a saturated key gets Rate·T instead of Burst + Rate·T. Off
+	// by default.
+	ColdStart bool
 }
 
 // DefaultPolicy returns the policy a bucket follows unless told otherwise.
 func DefaultPolicy() Policy {
-	return Policy{Decrease: 0.7, Threshold: 3, Floor: 0.02, Recovery: Cubic, RecoveryWindows: 120, MinEpoch: 1}
+	return Policy{Decrease: 0.7, Threshold: 3, ThresholdWindows: 3, Floor: 0.02, Recovery: Cubic, RecoveryWindows: 120, MinEpoch: 1}
 }
 
 // ErrInvalidPolicy is matched by errors from Policy.Validate.
@@ -199,6 +217,9 @@ func (p Policy) WithDefaults() Policy {
 	}
 	if p.Threshold == 0 {
 		p.Threshold = d.Threshold
+	}
+	if p.ThresholdWindows == 0 {
+		p.ThresholdWindows = d.ThresholdWindows
 	}
 	if p.Floor == 0 {
 		p.Floor = d.Floor
@@ -224,6 +245,8 @@ func (p Policy) Validate() error {
 		return bad("Decrease (want 0 < d < 1)", p.Decrease)
 	case p.Threshold < 1:
 		return bad("Threshold (want >= 1)", float64(p.Threshold))
+	case !(p.ThresholdWindows > 0) || math.IsInf(p.ThresholdWindows, 0):
+		return bad("ThresholdWindows (want > 0)", p.ThresholdWindows)
 	case !(p.Floor > 0 && p.Floor <= 1):
 		return bad("Floor (want 0 < f <= 1)", p.Floor)
 	case !(p.RecoveryWindows > 0) || math.IsInf(p.RecoveryWindows, 0):

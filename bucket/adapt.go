@@ -11,7 +11,7 @@ import (
 // the limit's window: the longest Burst/Rate among the dimensions.
 type adaptation struct {
 	policy   adaptive.Policy
-	window   time.Duration // refusals are counted within one
+	window   time.Duration // refusals are counted within one: ThresholdWindows of the limit's
 	span     time.Duration // a full recovery: RecoveryWindows windows
 	minEpoch time.Duration // the least time between two decreases
 }
@@ -23,7 +23,7 @@ func newAdaptation(p adaptive.Policy, dims []dim) adaptation {
 	}
 	return adaptation{
 		policy:   p,
-		window:   max(ceilDuration(window), time.Microsecond),
+		window:   max(ceilDuration(window*p.ThresholdWindows), time.Microsecond),
 		span:     max(ceilDuration(window*p.RecoveryWindows), time.Microsecond),
 		minEpoch: ceilDuration(window * p.MinEpoch),
 	}
@@ -36,12 +36,17 @@ func (a *adaptation) counts(fb adaptive.Feedback, epoch uint64) bool {
 	return fb.Class == adaptive.RateLimited && fb.Epoch >= epoch
 }
 
-// law is the Recovery law as the scripts number it.
-func (a *adaptation) law() any {
+// flags is the law as the scripts read it: the Recovery law (0 cubic, 1
+// additive), plus 2 for a cold start.
+func (a *adaptation) flags() any {
+	n := 0
 	if a.policy.Recovery == adaptive.Additive {
-		return smallAmounts[1]
+		n = 1
 	}
-	return smallAmounts[0]
+	if a.policy.ColdStart {
+		n += 2
+	}
+	return smallAmounts[n]
 }
 
 // addSaturating returns t+d, or a time far in the future if that overflows.

@@ -117,20 +117,44 @@ func TestObserve(t *testing.T) {
 				assert.Equal(t, uint64(1), e)
 			})
 
-			t.Run("threshold: refusals within a window", func(t *testing.T) {
+			t.Run("cold start", func(t *testing.T) {
+				b := be.new(t, lim, bucket.WithPolicy(adaptive.Policy{ColdStart: true}))
+				// The first reservation goes at once, however large; the rest
+				// follow at the rate, with no burst.
+				r, err := b.Reserve(ctx, "cold", bucket.N(4), 0)
+				require.NoError(t, err)
+				assert.True(t, r.OK)
+				assert.Zero(t, r.Delay)
+				for i := range 3 {
+					r, err := b.Reserve(ctx, "cold", bucket.N(1), bucket.Unlimited)
+					require.NoError(t, err)
+					assert.Equal(t, time.Duration(i+1)*100*time.Millisecond, r.Delay, "reservation %d", i+2)
+				}
+				// Idle, it fills up to its burst as any bucket does.
+				be.advance(2 * time.Second)
+				r, err = b.Reserve(ctx, "cold", bucket.N(10), 0)
+				require.NoError(t, err)
+				assert.True(t, r.OK, "the burst, once earned")
+				// A key first met by a refund or an observation starts empty too.
+				require.NoError(t, b.Adjust(ctx, "cold-adjust", bucket.N(-2)))
+				assert.InDelta(t, 2, be.tokens(t, "cold-adjust")[bucket.Requests], 1e-6)
+			})
+
+			t.Run("threshold: refusals within three windows", func(t *testing.T) {
 				b := be.new(t, lim, bucket.WithPolicy(adaptive.Policy{Decrease: 0.5})) // threshold 3
 				for range 2 {
 					require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
-					be.advance(600 * time.Millisecond)
+					be.advance(1600 * time.Millisecond)
 				}
-				// The third comes 1.2 s after the first: the count starts over.
+				// The third comes 3.2 s after the first, past three windows of
+				// 1 s: the count starts over.
 				require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
 				_, e := gap(t, b, "threshold")
 				assert.Zero(t, e, "no decrease")
 				require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
 				require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
 				g, e := gap(t, b, "threshold")
-				assert.Equal(t, uint64(1), e, "three within a window")
+				assert.Equal(t, uint64(1), e, "three within three windows")
 				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
 			})
 

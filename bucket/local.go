@@ -63,7 +63,7 @@ func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.D
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := l.advance(key, now)
+	k := l.advance(key, now, cost)
 	f := l.fraction(k, now)
 	var wait float64 // seconds after k.last
 	for i, d := range l.dims {
@@ -98,7 +98,7 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := l.advance(key, now)
+	k := l.advance(key, now, nil)
 	for i, d := range l.dims {
 		k.tokens[i] = min(k.tokens[i]-delta[d.name], l.burst(k, i, l.fraction(k, now)))
 		if k.last.After(now) {
@@ -121,7 +121,7 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := l.advance(key, now)
+	k := l.advance(key, now, nil)
 	if fb.ReportsRate() {
 		// The provider says what its limit is: that replaces what
 		// refusals taught.
@@ -184,7 +184,7 @@ func (l *Local) Rate(key string) Cost {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := l.advance(key, now)
+	k := l.advance(key, now, nil)
 	f := l.fraction(k, now)
 	c := make(Cost, len(l.dims))
 	for i, d := range l.dims {
@@ -227,7 +227,7 @@ func (l *Local) Tokens(key string) Cost {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := l.advance(key, now)
+	k := l.advance(key, now, nil)
 	c := make(Cost, len(l.dims))
 	for i, d := range l.dims {
 		c[d.name] = k.tokens[i]
@@ -235,15 +235,19 @@ func (l *Local) Tokens(key string) Cost {
 	return c
 }
 
-// advance returns key's state refilled up to now, creating it full.
-// l.mu must be held.
-func (l *Local) advance(key string, now time.Time) *localKey {
+// advance returns key's state refilled up to now, creating it full; or
+// under a ColdStart policy empty, but for first, the cost of the
+// reservation that creates it (nil if none does). l.mu must be held.
+func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 	k, ok := l.keys[key]
 	if !ok {
 		l.sweep(now)
 		k = &localKey{tokens: make([]float64, len(l.dims)), last: now}
 		for i, d := range l.dims {
 			k.tokens[i] = d.limit.Burst
+			if l.adapt.policy.ColdStart {
+				k.tokens[i] = min(d.limit.Burst, first[d.name])
+			}
 		}
 		l.keys[key] = k
 		return k
@@ -259,7 +263,8 @@ func (l *Local) advance(key string, now time.Time) *localKey {
 }
 
 // sweep forgets keys that have refilled completely, once the map has grown
-// to sweepAt; their state equals a new key's. l.mu must be held.
+// to sweepAt; their state equals a new key's (one that starts cold is
+// emptier, as adaptive.Policy.ColdStart says). l.mu must be held.
 func (l *Local) sweep(now time.Time) {
 	if len(l.keys) < l.sweepAt {
 		return

@@ -38,18 +38,18 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 // Reserve implements Bucket with one call to Redis (or none, if cost charges
 // no limited dimension).
 func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
-	return r.reserve(ctx, reserveScript, key, cost, maxWait, r.span, r.adapt.law())
+	return r.reserve(ctx, reserveScript, key, cost, maxWait, r.span, r.adapt.flags())
 }
 
 // Adjust implements Bucket with one call to Redis.
 func (r *Redis) Adjust(ctx context.Context, key string, delta Cost) error {
-	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0], r.span, r.adapt.law())
+	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0], r.span, r.adapt.flags())
 }
 
 // Tokens returns the tokens key has now in each dimension; negative amounts
 // are debt owed to reservations.
 func (r *Redis) Tokens(ctx context.Context, key string) (Cost, error) {
-	return r.tokens(ctx, tokensScript, key, smallAmounts[0], r.span, r.adapt.law())
+	return r.tokens(ctx, tokensScript, key, smallAmounts[0], r.span, r.adapt.flags())
 }
 
 // Observe implements Bucket with one call to Redis (none if fb is empty),
@@ -73,7 +73,7 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 	base := r.baseKey(key)
 	keys = append(keys, base)
 	args := make([]any, 0, 10+5*len(r.dims))
-	args = append(args, verdict, r.span, r.adapt.law(), scriptArg(float64(fb.Epoch)),
+	args = append(args, verdict, r.span, r.adapt.flags(), scriptArg(float64(fb.Epoch)),
 		scriptArg(float64(max(fb.RetryAfter, 0).Microseconds())),
 		scriptArg(p.Decrease), scriptArg(p.Floor), scriptArg(float64(r.adapt.minEpoch.Microseconds())),
 		scriptArg(float64(p.Threshold)), scriptArg(float64(r.adapt.window.Microseconds())))

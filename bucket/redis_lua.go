@@ -31,13 +31,16 @@ import "github.com/redis/go-redis/v9"
 // after it is full again.
 //
 // ARGV of reserve, adjust and tokens: the operation's argument, the recovery
-// span in microseconds, the recovery law (0 cubic, 1 additive), then one
-// triple per dimension key: rate (tokens/s), burst, amount.
+// span in microseconds, the law's flags (the recovery law, 0 cubic or 1
+// additive, plus 2 for a cold start), then one triple per dimension key:
+// rate (tokens/s), burst, amount.
 
 // luaCommon defines now and the functions every token bucket script uses.
 const luaCommon = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
+local span, law = tonumber(ARGV[2]), tonumber(ARGV[3]) % 2
+local cold = tonumber(ARGV[3]) >= 2
 
 -- fraction returns the share of the configured rate the key is at and its
 -- epoch (adaptive.Policy.Fraction).
@@ -59,14 +62,17 @@ end
 -- refill reads a dimension's hash: its rate and burst now (the configured
 -- ones, lowered to what the provider reported, the rate times f), its
 -- tokens, the time they are as of, its expiry, and whether the provider
--- reported a limit.
-local function refill(key, rate, burst, f)
+-- reported a limit. A missing hash is full, or on a cold start holds only
+-- first, the amount of the reservation that creates it.
+local function refill(key, rate, burst, f, first)
   local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b')
   if s[4] then rate = math.min(rate, tonumber(s[4]) / 1e6) end
   if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
   rate, burst = rate * f, burst * f
   if not s[1] then
-    return rate, burst, burst, now, 0, s[4] or s[5]
+    local tk = burst
+    if cold then tk = math.min(burst, first) end
+    return rate, burst, tk, now, 0, s[4] or s[5]
   end
   local ts = tonumber(s[2])
   local tk = math.min(burst, (tonumber(s[1]) + math.max(0, now - ts) * rate) / 1e6)
@@ -85,7 +91,6 @@ local function store(key, tk, at, x, rate, burst)
   end
 end
 
-local span, law = tonumber(ARGV[2]), tonumber(ARGV[3])
 `
 
 // luaNum defines num(x): x as a string with no exponent (gopher-lua, in
@@ -109,7 +114,7 @@ var reserveScript = redis.NewScript(luaCommon + `
 local f, epoch = fraction(span, law)
 local st, wait = {}, 0
 for i = 1, #KEYS - 1 do
-  local rate, burst, tk, at, x = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f)
+  local rate, burst, tk, at, x = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, tonumber(ARGV[3*i+3]))
   tk = tk - tonumber(ARGV[3*i+3])
   st[i] = {tk, at, x, rate, burst}
   local w = at - now
@@ -137,7 +142,7 @@ var adjustScript = redis.NewScript(luaCommon + `
 local f = fraction(span, law)
 for i = 1, #KEYS - 1 do
   local key = KEYS[i+1]
-  local rate, burst, tk, at, x, learnt = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f)
+  local rate, burst, tk, at, x, learnt = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   tk = math.min(burst, tk - tonumber(ARGV[3*i+3]))
   if at > now then
     tk = math.min(tk, 0) -- paused: empty at its end, or refunds would go out at once
@@ -157,7 +162,7 @@ var tokensScript = redis.NewScript(luaCommon + `
 local f = fraction(span, law)
 local out = {}
 for i = 1, #KEYS - 1 do
-  local rate, burst, tk = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f)
+  local rate, burst, tk = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   out[i] = string.format('%.17g', tk)
 end
 return out
@@ -165,7 +170,7 @@ return out
 
 // observeScript applies a response's feedback to a key (every dimension).
 // ARGV: what to learn from refusals (0: nothing, 1: count this one, 2:
-// forget them: the provider reported its rate), the span, the law, the epoch
+// forget them: the provider reported its rate), the span, the flags, the epoch
 // the request was reserved in, the pause in microseconds (0: none), the
 // decrease factor, the floor, the least time between decreases in
 // microseconds, the threshold, the window in microseconds; then for each
@@ -201,7 +206,7 @@ for i = 1, #KEYS - 1 do
   local key, o = KEYS[i+1], 5 * i + 6
   local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
   local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
-  local rate, burst, tk, at, x = refill(key, crate, cburst, f)
+  local rate, burst, tk, at, x = refill(key, crate, cburst, f, 0)
   if pause > 0 and now + pause > at then
     tk, at = math.min(tk, 0), now + pause
   end

@@ -330,8 +330,9 @@ const adaptiveIdeal = time.Duration(float64(adaptiveCalls-adaptiveHidden) / adap
 // TestAdaptiveFleet is the fleet acceptance test of the adaptive bucket
 // (issue 4): adaptiveProcs processes of adaptiveGoroutines goroutines each
 // make adaptiveCalls GET calls in all through one Redis bucket whose
-// ceiling is twice the server's hidden limit, the transport retrying 429s
-// after their Retry-After. The bucket learns the limit from the 429s (and
+// ceiling is twice the server's hidden limit, starting cold
+// (adaptive.Policy.ColdStart: the ceiling is a guess), the transport
+// retrying 429s after their Retry-After. The bucket learns the limit from the 429s (and
 // from the quota headers, when the server sends them): against a token
 // bucket, a fixed window and a sliding window, every call succeeds. Issue
 // 4's targets are that the server answers 429 to at most 5% as many
@@ -339,8 +340,8 @@ const adaptiveIdeal = time.Duration(float64(adaptiveCalls-adaptiveHidden) / adap
 // makespan, from the common start to the last completion, is at most 1.15
 // times adaptiveIdeal; the table says which are met, and the test asserts
 // them where they are, and the measured figures with a margin where they
-// are not (see the scenarios). The per-worker recipe
-// people copy today and a shared bucket that does not adapt run alongside,
+// are not (see the scenarios). The per-worker recipe people copy today and
+// a shared bucket that does not adapt run alongside,
 // against the token bucket, for comparison: they only have to complete.
 // All scenarios run at once, each with its own server, bucket keys and
 // worker processes.
@@ -350,21 +351,29 @@ func TestAdaptiveFleet(t *testing.T) {
 	}
 	addr := redistest.Addr(t)
 	tokenBucket := llmtest.TokenBucket(adaptiveHidden, time.Second, adaptiveHidden)
-	sluice := fmt.Sprintf("sluice, Redis bucket %d/s, adaptive", adaptiveCeiling)
+	sluice := fmt.Sprintf("sluice, Redis bucket %d/s, adaptive, cold start", adaptiveCeiling)
+	// The ceiling is a guess, and so is its burst: the fleet starts cold.
+	coldStart := adaptive.Policy{ColdStart: true}
 	scenarios := []adaptiveScenario{
-		// Measured over several runs (429s / x ideal): token bucket 4.7-5.5%
-		// / 1.10-1.12; with headers 0.7-4.5% / 1.02-1.06; fixed window
-		// 5.7-7.5% / 1.14-1.18; sliding window 6.7-9.5% / 1.25-1.63. Most
-		// of the 429s are the first second's: 32 calls at once into a
-		// ceiling burst of 40 against a server burst of 20.
-		{name: "token-bucket", limit: tokenBucket, mode: modeSluice, client: sluice,
-			target429: 0.05, targetMakespan: 1.15, max429: 0.07, maxMakespan: 1.2},
-		{name: "token-bucket-openai-headers", limit: tokenBucket, headers: llmtest.OpenAIHeaders, mode: modeSluice, client: sluice,
-			target429: 0.01, targetMakespan: 1.15, max429: 0.06, maxMakespan: 1.15},
-		{name: "fixed-window", limit: llmtest.FixedWindow(adaptiveHidden, time.Second), mode: modeSluice, client: sluice,
-			target429: 0.05, targetMakespan: 1.15, max429: 0.09, maxMakespan: 1.3},
-		{name: "sliding-window", limit: llmtest.SlidingWindow(adaptiveHidden, time.Second), mode: modeSluice, client: sluice,
-			target429: 0.05, targetMakespan: 1.15, max429: 0.12, maxMakespan: 1.8},
+		// Measured over five runs (429s / x ideal): token bucket 1.0-1.5% /
+		// 1.08-1.10; with headers 0.2% / 1.01-1.02; fixed window 1.0-1.8% /
+		// 1.09-1.23; sliding window 3.0-3.7% / 1.22-1.6. The
+		// window servers lose a second to every pause (Retry-After in whole
+		// seconds), and the sliding one refuses at 19.6/s, where two cuts of
+		// 0.7 leave the rate, whenever scheduling bunches calls; now and then
+		// that makes a third cut. With the default policy (warm start) the
+		// first second draws some 20 429s: 32 calls at once into a ceiling
+		// burst of 40 against a server burst of 20, and as many again from
+		// the 8 tokens left (token bucket 4.7%, fixed window 5.5%, sliding
+		// window 6.0% in one run).
+		{name: "token-bucket", limit: tokenBucket, mode: modeSluice, client: sluice, policy: coldStart,
+			target429: 0.05, targetMakespan: 1.15, max429: 0.05, maxMakespan: 1.15},
+		{name: "token-bucket-openai-headers", limit: tokenBucket, headers: llmtest.OpenAIHeaders, mode: modeSluice, client: sluice, policy: coldStart,
+			target429: 0.01, targetMakespan: 1.15, max429: 0.01, maxMakespan: 1.15},
+		{name: "fixed-window", limit: llmtest.FixedWindow(adaptiveHidden, time.Second), mode: modeSluice, client: sluice, policy: coldStart,
+			target429: 0.05, targetMakespan: 1.15, max429: 0.05, maxMakespan: 1.35},
+		{name: "sliding-window", limit: llmtest.SlidingWindow(adaptiveHidden, time.Second), mode: modeSluice, client: sluice, policy: coldStart,
+			target429: 0.05, targetMakespan: 1.15, max429: 0.06, maxMakespan: 1.8},
 		{name: "recipe", limit: tokenBucket, mode: modeRecipe,
 			client: fmt.Sprintf("per-goroutine recipe, x/time/rate %.2f/s each", float64(adaptiveCeiling)/(adaptiveProcs*adaptiveGoroutines))},
 		{name: "no-adaptation", limit: tokenBucket, mode: modeStatic, client: fmt.Sprintf("sluice, Redis bucket %d/s, Observe off", adaptiveCeiling)},

@@ -208,8 +208,8 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 
 // wait holds the attempt back until key's pause is over and the bucket has
 // its cost, within the max wait and ctx's deadline. A pause that began
-// while it waited for its slot holds it further: a slot already reserved
-// is not sent into a refusal. It returns the epoch of the reservation.
+// while it waited for its slot holds it further (see held). It returns the
+// epoch of the reservation.
 func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now time.Time) (uint64, error) {
 	maxWait := t.cfg.maxWait
 	d, err := t.paused(ctx, key, now, maxWait)
@@ -222,6 +222,7 @@ func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now 
 	if t.cfg.bucket == nil {
 		return 0, nil
 	}
+	reserved := t.cfg.now()
 	r, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
@@ -233,12 +234,32 @@ func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now 
 		if maxWait != bucket.Unlimited {
 			maxWait -= r.Delay
 		}
-		if _, err := t.paused(ctx, key, t.cfg.now(), maxWait); err != nil {
+		if err := t.held(ctx, key, reserved, t.cfg.now(), maxWait); err != nil {
 			t.refund(ctx, key, cost)
 			return 0, err
 		}
 	}
 	return r.Epoch, nil
+}
+
+// held holds back a slot of key reserved at reserved and due now, if a
+// pause began in this process since it was reserved: by the pause's length,
+// not until its end. The bucket, paused for the fleet, schedules what is
+// reserved after the pause behind the slots reserved before it, as if
+// those slots were all shifted by the pause; sent at its end instead, they
+// would go out as a herd into a provider that has just refilled only its
+// burst. A slot reserved since the pause began waits for its end, if it is
+// still on. Waits beyond maxWait or ctx's deadline fail as paused does.
+func (t *Transport) held(ctx context.Context, key string, reserved, now time.Time, maxWait time.Duration) error {
+	ps, ok := t.pauses.get(key, now)
+	if !ok {
+		return nil
+	}
+	d := ps.until.Sub(now)
+	if ps.start.After(reserved) {
+		d = max(d, ps.length())
+	}
+	return t.hold(ctx, d, now, maxWait)
 }
 
 // paused sleeps until key's pause in this process is over, if it is paused,
@@ -250,15 +271,24 @@ func (t *Transport) paused(ctx context.Context, key string, now time.Time, maxWa
 		return 0, nil
 	}
 	d := until.Sub(now)
+	return d, t.hold(ctx, d, now, maxWait)
+}
+
+// hold sleeps d, for a pause, unless that is longer than maxWait or ctx's
+// deadline allow: then it fails at once with a *bucket.WaitError.
+func (t *Transport) hold(ctx context.Context, d time.Duration, now time.Time, maxWait time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
 	allowed := maxWait
 	if dl, ok := ctx.Deadline(); ok {
 		allowed = max(min(allowed, dl.Sub(now)), 0)
 	}
 	if d > allowed {
-		return 0, fmt.Errorf("transport: key paused by Retry-After: %w",
+		return fmt.Errorf("transport: key paused by Retry-After: %w",
 			&bucket.WaitError{RetryAfter: d, MaxWait: allowed})
 	}
-	return d, t.cfg.sleep(ctx, d)
+	return t.cfg.sleep(ctx, d)
 }
 
 func waitOutcome(ctx context.Context, err error) outcome {

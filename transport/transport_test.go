@@ -8,19 +8,21 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/transport"
 	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/transport"
 )
 
 // frozen is a bucket clock that never moves: nothing refills.
@@ -442,6 +444,50 @@ func TestReservedSlotHeldThroughPause(t *testing.T) {
 	assert.Equal(t, http.StatusOK, code)
 	require.Len(t, arrivals, 2)
 	assert.GreaterOrEqual(t, arrivals[1].Sub(refusedAt), 900*time.Millisecond, "held until the pause ended")
+}
+
+// TestHeldSlotsKeepTheirSpacing: slots reserved before a pause began are
+// held by the pause's length, keeping their spacing, rather than all sent
+// at its end into a provider that has refilled only its burst.
+func TestHeldSlotsKeepTheirSpacing(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		arrivals []time.Time
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		arrivals = append(arrivals, time.Now())
+		first := len(arrivals) == 1
+		mu.Unlock()
+		if first {
+			time.Sleep(50 * time.Millisecond) // the others reserve meanwhile
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	defer srv.Close()
+	b := bucket.NewLocal(bucket.Limit{Rate: 10, Burst: 1})
+	tr := transport.New(nil, transport.WithBucket(b), transport.WithRetry(transport.Retry{MaxAttempts: 1}))
+	get := func() int {
+		resp, err := tr.RoundTrip(must(http.NewRequest("GET", srv.URL, nil)))
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { assert.Equal(t, http.StatusTooManyRequests, get()) })
+	time.Sleep(10 * time.Millisecond)
+	for range 3 { // slots 100, 200 and 300 ms after the first
+		wg.Go(func() { assert.Equal(t, http.StatusOK, get()) })
+	}
+	wg.Wait()
+	require.Len(t, arrivals, 4)
+	held := arrivals[1:]
+	slices.SortFunc(held, func(a, b time.Time) int { return a.Compare(b) })
+	assert.GreaterOrEqual(t, held[0].Sub(arrivals[0]), time.Second, "held by the pause")
+	for i := 1; i < len(held); i++ {
+		assert.GreaterOrEqual(t, held[i].Sub(held[i-1]), 60*time.Millisecond, "slot %d keeps its spacing", i+1)
+	}
 }
 
 func must[T any](v T, err error) T {
