@@ -315,7 +315,7 @@ func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
 
 // observe reads what resp says about the limit. A 429, 503 or 529 with a
 // Retry-After holds key back in this process for that long (at most
-// MaxRetryAfter), sending nothing more even on slots already reserved; and
+// MaxRetryAfter), slots already reserved included (see held); and
 // the bucket learns it all for the fleet (bucket.Observe): every refusal,
 // and what accepted responses report about the quota, at most once per
 // observeEvery per key.
