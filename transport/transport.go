@@ -222,7 +222,7 @@ func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now 
 	if t.cfg.bucket == nil {
 		return 0, nil
 	}
-	reserved := t.cfg.now()
+	reserved := now.Add(d) // after the pause, if it slept one
 	r, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait)
 	if err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {

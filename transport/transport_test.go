@@ -403,88 +403,86 @@ type idleCloser struct {
 
 func (c *idleCloser) CloseIdleConnections() { *c.closed = true }
 
-// TestReservedSlotHeldThroughPause: a request whose slot was reserved
-// before a 429 paused its key, and falls inside the pause, is held until the
-// pause ends instead of being sent into it.
-func TestReservedSlotHeldThroughPause(t *testing.T) {
-	var (
-		mu       sync.Mutex
-		arrivals []time.Time
-	)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		arrivals = append(arrivals, time.Now())
-		first := len(arrivals) == 1
-		mu.Unlock()
+// pauseFixture is a server that answers its first request, after 50 ms
+// (for others to reserve meanwhile), with 429 and Retry-After: 1, and the
+// rest with 200; and a Transport with a Local bucket of 10/s, burst 1, that
+// does not retry.
+type pauseFixture struct {
+	mu       sync.Mutex
+	arrivals []time.Time // of the requests at the server
+	srv      *httptest.Server
+	tr       *transport.Transport
+}
+
+func newPauseFixture(t *testing.T) *pauseFixture {
+	f := &pauseFixture{}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.arrivals = append(f.arrivals, time.Now())
+		first := len(f.arrivals) == 1
+		f.mu.Unlock()
 		if first {
-			time.Sleep(50 * time.Millisecond) // the second request reserves meanwhile
+			time.Sleep(50 * time.Millisecond)
 			w.Header().Set("Retry-After", "1")
 			w.WriteHeader(http.StatusTooManyRequests)
 		}
 	}))
-	defer srv.Close()
+	t.Cleanup(f.srv.Close)
 	b := bucket.NewLocal(bucket.Limit{Rate: 10, Burst: 1})
-	tr := transport.New(nil, transport.WithBucket(b), transport.WithRetry(transport.Retry{MaxAttempts: 1}))
-	get := func() (int, time.Time) {
-		resp, err := tr.RoundTrip(must(http.NewRequest("GET", srv.URL, nil)))
-		require.NoError(t, err)
-		resp.Body.Close()
-		return resp.StatusCode, time.Now()
-	}
+	f.tr = transport.New(nil, transport.WithBucket(b), transport.WithRetry(transport.Retry{MaxAttempts: 1}))
+	return f
+}
+
+// get sends a request and returns its status and when it came back.
+func (f *pauseFixture) get(t *testing.T) (int, time.Time) {
+	resp, err := f.tr.RoundTrip(must(http.NewRequest("GET", f.srv.URL, nil)))
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode, time.Now()
+}
+
+// TestReservedSlotHeldThroughPause: a request whose slot was reserved
+// before a 429 paused its key, and falls inside the pause, is held until the
+// pause ends instead of being sent into it.
+func TestReservedSlotHeldThroughPause(t *testing.T) {
+	f := newPauseFixture(t)
 	var wg sync.WaitGroup
 	var refusedAt time.Time
 	wg.Go(func() {
-		code, at := get()
+		code, at := f.get(t)
 		assert.Equal(t, http.StatusTooManyRequests, code)
 		refusedAt = at
 	})
 	time.Sleep(10 * time.Millisecond)
-	code, _ := get() // its slot: 100 ms after the first; the pause: 1 s after the 429
+	code, _ := f.get(t) // its slot: 100 ms after the first; the pause: 1 s after the 429
 	wg.Wait()
 	assert.Equal(t, http.StatusOK, code)
-	require.Len(t, arrivals, 2)
-	assert.GreaterOrEqual(t, arrivals[1].Sub(refusedAt), 900*time.Millisecond, "held until the pause ended")
+	require.Len(t, f.arrivals, 2)
+	assert.GreaterOrEqual(t, f.arrivals[1].Sub(refusedAt), 900*time.Millisecond, "held until the pause ended")
 }
 
 // TestHeldSlotsKeepTheirSpacing: slots reserved before a pause began are
 // held by the pause's length, keeping their spacing, rather than all sent
 // at its end into a provider that has refilled only its burst.
 func TestHeldSlotsKeepTheirSpacing(t *testing.T) {
-	var (
-		mu       sync.Mutex
-		arrivals []time.Time
-	)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		arrivals = append(arrivals, time.Now())
-		first := len(arrivals) == 1
-		mu.Unlock()
-		if first {
-			time.Sleep(50 * time.Millisecond) // the others reserve meanwhile
-			w.Header().Set("Retry-After", "1")
-			w.WriteHeader(http.StatusTooManyRequests)
-		}
-	}))
-	defer srv.Close()
-	b := bucket.NewLocal(bucket.Limit{Rate: 10, Burst: 1})
-	tr := transport.New(nil, transport.WithBucket(b), transport.WithRetry(transport.Retry{MaxAttempts: 1}))
-	get := func() int {
-		resp, err := tr.RoundTrip(must(http.NewRequest("GET", srv.URL, nil)))
-		require.NoError(t, err)
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	f := newPauseFixture(t)
 	var wg sync.WaitGroup
-	wg.Go(func() { assert.Equal(t, http.StatusTooManyRequests, get()) })
+	wg.Go(func() {
+		code, _ := f.get(t)
+		assert.Equal(t, http.StatusTooManyRequests, code)
+	})
 	time.Sleep(10 * time.Millisecond)
 	for range 3 { // slots 100, 200 and 300 ms after the first
-		wg.Go(func() { assert.Equal(t, http.StatusOK, get()) })
+		wg.Go(func() {
+			code, _ := f.get(t)
+			assert.Equal(t, http.StatusOK, code)
+		})
 	}
 	wg.Wait()
-	require.Len(t, arrivals, 4)
-	held := arrivals[1:]
+	require.Len(t, f.arrivals, 4)
+	held := f.arrivals[1:]
 	slices.SortFunc(held, func(a, b time.Time) int { return a.Compare(b) })
-	assert.GreaterOrEqual(t, held[0].Sub(arrivals[0]), time.Second, "held by the pause")
+	assert.GreaterOrEqual(t, held[0].Sub(f.arrivals[0]), time.Second, "held by the pause")
 	for i := 1; i < len(held); i++ {
 		assert.GreaterOrEqual(t, held[i].Sub(held[i-1]), 60*time.Millisecond, "slot %d keeps its spacing", i+1)
 	}
