@@ -14,6 +14,7 @@ type adaptation struct {
 	window   time.Duration // refusals are counted within one: ThresholdWindows of the limit's
 	span     time.Duration // a full recovery: RecoveryWindows windows
 	minEpoch time.Duration // the least time between two decreases
+	hold     time.Duration // how long a decreased rate must be kept to be known safe
 }
 
 func newAdaptation(p adaptive.Policy, dims []dim) adaptation {
@@ -26,7 +27,18 @@ func newAdaptation(p adaptive.Policy, dims []dim) adaptation {
 		window:   max(ceilDuration(window*p.ThresholdWindows), time.Microsecond),
 		span:     max(ceilDuration(window*p.RecoveryWindows), time.Microsecond),
 		minEpoch: ceilDuration(window * p.MinEpoch),
+		hold:     ceilDuration(window * p.HoldWindows),
 	}
+}
+
+// held returns after, the fraction a key's last decrease, at decreased,
+// cut it to, if the key has kept it for the hold time by now; 0 if not, or
+// if there was none.
+func (a *adaptation) held(after float64, decreased, now time.Time) float64 {
+	if decreased.IsZero() || now.Sub(decreased) < a.hold {
+		return 0
+	}
+	return after
 }
 
 // counts reports whether fb is a refusal that counts toward a decrease of
@@ -47,6 +59,17 @@ func (a *adaptation) flags() any {
 		n += 2
 	}
 	return smallAmounts[n]
+}
+
+// pauseTokens returns what a dimension holds at the end of a pause of d
+// that began with tokens at rate: nothing, or the debt of the slots
+// reserved before the pause that are due after it. The slots due during the
+// pause keep their times: a process that knows of the pause reserves them
+// again after it, and one that does not sends them; were the debt shifted
+// past the pause instead, what is reserved after it would wait behind slots
+// that have gone, and the fleet would send at a fraction of the rate.
+func pauseTokens(tokens float64, d time.Duration, rate float64) float64 {
+	return min(0, tokens+d.Seconds()*rate)
 }
 
 // addSaturating returns t+d, or a time far in the future if that overflows.

@@ -175,6 +175,55 @@ func TestObserve(t *testing.T) {
 				assert.Zero(t, e)
 			})
 
+			t.Run("pause keeps the slots reserved before it", func(t *testing.T) {
+				b := be.new(t, lim)
+				// Five slots reserved, 100 to 500 ms ahead, then a pause of
+				// 200 ms: the slots due during it are spent (their holders send
+				// them or drop them), those after it keep their times, and the
+				// next slot comes after them, not 200 ms later.
+				reserve := func(key string, n int) time.Duration {
+					r, err := b.Reserve(ctx, key, bucket.N(float64(n)), bucket.Unlimited)
+					require.NoError(t, err)
+					return r.Delay
+				}
+				reserve("debt", 10)
+				assert.Equal(t, 500*time.Millisecond, reserve("debt", 5))
+				require.NoError(t, b.Observe(ctx, "debt", adaptive.Feedback{Class: adaptive.Overloaded, RetryAfter: 200 * time.Millisecond}))
+				assert.InDelta(t, 600*time.Millisecond, reserve("debt", 1), float64(time.Millisecond), "after the slots reserved before")
+				// A pause longer than the debt: empty at its end.
+				reserve("short-debt", 10)
+				reserve("short-debt", 2)
+				require.NoError(t, b.Observe(ctx, "short-debt", adaptive.Feedback{Class: adaptive.Overloaded, RetryAfter: time.Second}))
+				assert.InDelta(t, 1100*time.Millisecond, reserve("short-debt", 1), float64(time.Millisecond))
+			})
+
+			t.Run("hold: a rate kept for HoldWindows is cut to no lower, on one refusal", func(t *testing.T) {
+				b := be.new(t, lim, bucket.WithPolicy(adaptive.Policy{Decrease: 0.5, HoldWindows: 5})) // threshold 3
+				for range 3 {
+					require.NoError(t, b.Observe(ctx, "hold", rateLimited(0)))
+				}
+				g, e := gap(t, b, "hold")
+				require.Equal(t, uint64(1), e)
+				require.Equal(t, 200*time.Millisecond, g)
+				// 6 s later the rate has climbed a little (cubic); one refusal
+				// takes it back to 5/s, which it kept, not to half of that.
+				be.advance(6 * time.Second)
+				require.NoError(t, b.Observe(ctx, "hold", rateLimited(1)))
+				g, e = gap(t, b, "hold")
+				assert.Equal(t, uint64(2), e, "one refusal")
+				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond), "back to the held rate")
+				// Refusals going on within the hold: the threshold, then a full cut.
+				be.advance(1500 * time.Millisecond)
+				for i := range 3 {
+					_, e = gap(t, b, "hold")
+					assert.Equal(t, uint64(2), e, "refusal %d", i+1)
+					require.NoError(t, b.Observe(ctx, "hold", rateLimited(2)))
+				}
+				g, e = gap(t, b, "hold")
+				assert.Equal(t, uint64(3), e)
+				assert.InDelta(t, 400*time.Millisecond, g, float64(time.Millisecond), "halved")
+			})
+
 			t.Run("clamp to remaining and reported limit", func(t *testing.T) {
 				b := be.new(t, lim)
 				require.NoError(t, b.Observe(ctx, "quota", adaptive.Feedback{Quotas: map[string]adaptive.Quota{

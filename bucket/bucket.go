@@ -22,9 +22,12 @@ type Bucket interface {
 	// need be.
 	Adjust(ctx context.Context, key string, delta Cost) error
 	// Observe applies what a response said about the limit to key, for
-	// every user of the bucket: a pause for its Retry-After, a rate decrease
-	// (once per epoch) when it was throttled, tokens clamped to what the
-	// provider reports remaining, the rate capped at what it reports.
+	// every user of the bucket: a pause for its Retry-After (what is
+	// reserved from then on comes after it, at the rate; slots reserved
+	// before keep their times, and those due during it count as spent), a
+	// rate decrease (once per epoch) when it was throttled, tokens clamped
+	// to what the provider reports remaining, the rate capped at what it
+	// reports.
 	Observe(ctx context.Context, key string, fb adaptive.Feedback) error
 }
 

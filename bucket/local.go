@@ -131,8 +131,9 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 			k.refused, k.counting = 0, now
 		}
 		k.refused++
-		if k.refused >= l.adapt.policy.Threshold && (k.decreased.IsZero() || now.Sub(k.decreased) >= l.adapt.minEpoch) {
-			k.after = l.adapt.policy.Decreased(l.fraction(k, now))
+		held := l.adapt.held(k.after, k.decreased, now)
+		if (k.refused >= l.adapt.policy.Threshold || held > 0) && (k.decreased.IsZero() || now.Sub(k.decreased) >= l.adapt.minEpoch) {
+			k.after = l.adapt.policy.Decreased(l.fraction(k, now), held)
 			k.decreased = now
 			k.epoch++
 			k.refused = 0
@@ -141,9 +142,11 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 	if fb.RetryAfter > 0 {
 		// Nothing more until the pause ends, then the rate: the bucket is
 		// empty at that moment, so what is reserved meanwhile is spread.
+		// Slots reserved before keep their times (see pauseTokens).
 		if until := addSaturating(now, fb.RetryAfter); until.After(k.last) {
+			f := l.fraction(k, now)
 			for i := range k.tokens {
-				k.tokens[i] = min(k.tokens[i], 0)
+				k.tokens[i] = pauseTokens(k.tokens[i], until.Sub(k.last), l.rate(k, i, f))
 			}
 			k.last = until
 		}

@@ -72,11 +72,12 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 	keys := make([]string, 0, len(r.dims)+1)
 	base := r.baseKey(key)
 	keys = append(keys, base)
-	args := make([]any, 0, 10+5*len(r.dims))
+	args := make([]any, 0, 11+5*len(r.dims))
 	args = append(args, verdict, r.span, r.adapt.flags(), scriptArg(float64(fb.Epoch)),
 		scriptArg(float64(max(fb.RetryAfter, 0).Microseconds())),
 		scriptArg(p.Decrease), scriptArg(p.Floor), scriptArg(float64(r.adapt.minEpoch.Microseconds())),
-		scriptArg(float64(p.Threshold)), scriptArg(float64(r.adapt.window.Microseconds())))
+		scriptArg(float64(p.Threshold)), scriptArg(float64(r.adapt.window.Microseconds())),
+		scriptArg(float64(r.adapt.hold.Microseconds())))
 	for i, d := range r.dims {
 		keys = append(keys, r.dimKey(base, d.name))
 		rem, rate, burst := -1.0, 0.0, 0.0

@@ -42,13 +42,14 @@ local now = t[1] * 1000000 + t[2]
 local span, law = tonumber(ARGV[2]), tonumber(ARGV[3]) % 2
 local cold = tonumber(ARGV[3]) >= 2
 
--- fraction returns the share of the configured rate the key is at and its
--- epoch (adaptive.Policy.Fraction).
+-- fraction returns the share of the configured rate the key is at, its
+-- epoch, and when its last decrease was and what it cut to, if any
+-- (adaptive.Policy.Fraction).
 local function fraction(span, law)
   local s = redis.call('HMGET', KEYS[1], 'e', 'a', 'd')
   local e = tonumber(s[1]) or 0
   if not s[2] then
-    return 1, e, nil
+    return 1, e, nil, nil
   end
   local a, d = tonumber(s[2]) / 1e6, tonumber(s[3])
   local u = math.max(now - d, 0) / span
@@ -56,7 +57,7 @@ local function fraction(span, law)
   if law == 0 then
     f = a + u * u * u
   end
-  return math.min(f, 1), e, d
+  return math.min(f, 1), e, d, a
 end
 
 -- refill reads a dimension's hash: its rate and burst now (the configured
@@ -173,11 +174,12 @@ return out
 // forget them: the provider reported its rate), the span, the flags, the epoch
 // the request was reserved in, the pause in microseconds (0: none), the
 // decrease factor, the floor, the least time between decreases in
-// microseconds, the threshold, the window in microseconds; then for each
+// microseconds, the threshold, the window in microseconds, the time a
+// decreased rate must be kept to be known safe in microseconds; then for each
 // dimension key: rate, burst, the remaining the provider reported (< 0:
 // unknown), the rate and the burst it reported (0: unknown).
 var observeScript = redis.NewScript(luaCommon + `
-local f, epoch, d = fraction(span, law)
+local f, epoch, d, a = fraction(span, law)
 local nf = f
 if ARGV[1] == '2' then
   redis.call('HDEL', KEYS[1], 'a', 'd', 'c', 'cs')
@@ -190,8 +192,12 @@ elseif ARGV[1] == '1' and tonumber(ARGV[4]) >= epoch then
     n, cs = 0, now
   end
   n = n + 1
-  if n >= tonumber(ARGV[9]) and (not d or now - d >= tonumber(ARGV[8])) then
+  local held = d and now - d >= tonumber(ARGV[11]) -- adaptive.Policy.HoldWindows
+  if (n >= tonumber(ARGV[9]) or held) and (not d or now - d >= tonumber(ARGV[8])) then
     nf = math.max(tonumber(ARGV[7]), f * tonumber(ARGV[6]))
+    if held then
+      nf = math.max(nf, math.min(a, f))
+    end
     redis.call('HSET', KEYS[1], 'e', epoch + 1, 'a', math.floor(nf * 1e6 + 0.5), 'd', now, 'c', 0, 'cs', 0)
     redis.call('PEXPIREAT', KEYS[1], math.ceil((now + span) / 1000) + 1000)
   else
@@ -203,12 +209,13 @@ elseif ARGV[1] == '1' and tonumber(ARGV[4]) >= epoch then
 end
 local pause = tonumber(ARGV[5])
 for i = 1, #KEYS - 1 do
-  local key, o = KEYS[i+1], 5 * i + 6
+  local key, o = KEYS[i+1], 5 * i + 7
   local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
   local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
   local rate, burst, tk, at, x = refill(key, crate, cburst, f, 0)
   if pause > 0 and now + pause > at then
-    tk, at = math.min(tk, 0), now + pause
+    -- empty at the pause's end but for the debt due after it (pauseTokens)
+    tk, at = math.min(0, tk + (now + pause - at) / 1e6 * rate * nf / f), now + pause
   end
   if rem >= 0 then tk = math.min(tk, rem) end
   if rrate > 0 then

@@ -6,77 +6,53 @@ import (
 	"time"
 )
 
-// pauses holds, per key, the pause a 429 or 503 asked for with
-// Retry-After: from when this process learnt of it until when it sends
-// nothing on the key. It is safe for concurrent use; the common case, no
-// pause at all, takes no lock.
+// pauses holds, per key, the end of the pause a 429 or 503 asked for with
+// Retry-After: until then this process sends nothing on the key. It is
+// safe for concurrent use; the common case, no pause at all, takes no lock.
 type pauses struct {
 	n  atomic.Int64 // len(m)
 	mu sync.Mutex
-	m  map[string]pause
-}
-
-// pause is a key's pause in this process. It is kept for as long again
-// after it ends: a slot reserved before it began and due after it is
-// shifted by its length (see Transport.held).
-type pause struct {
-	start, until time.Time
-}
-
-// length is how long p holds a key back.
-func (p pause) length() time.Duration { return p.until.Sub(p.start) }
-
-// get returns key's pause at now, if it has one or had one recently enough
-// to matter (now before until + length).
-func (p *pauses) get(key string, now time.Time) (pause, bool) {
-	if p.n.Load() == 0 {
-		return pause{}, false
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ps, ok := p.m[key]
-	if !ok {
-		return pause{}, false
-	}
-	if !ps.until.Add(ps.length()).After(now) {
-		delete(p.m, key)
-		p.n.Store(int64(len(p.m)))
-		return pause{}, false
-	}
-	return ps, true
+	m  map[string]time.Time
 }
 
 // until returns the end of key's pause, or the zero time if it is not
 // paused at now.
 func (p *pauses) until(key string, now time.Time) time.Time {
-	if ps, ok := p.get(key, now); ok && ps.until.After(now) {
-		return ps.until
+	if p.n.Load() == 0 {
+		return time.Time{}
 	}
-	return time.Time{}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.m[key]
+	if !ok {
+		return time.Time{}
+	}
+	if !t.After(now) {
+		delete(p.m, key)
+		p.n.Store(int64(len(p.m)))
+		return time.Time{}
+	}
+	return t
 }
 
-// pause holds key back from now until t: a pause still running is
-// extended, if t is later; otherwise a new one begins.
+// pause holds key back until t, or longer if it is already.
 func (p *pauses) pause(key string, t, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.m == nil {
-		p.m = make(map[string]pause)
+		p.m = make(map[string]time.Time)
 	}
-	if old, ok := p.m[key]; ok && old.until.After(now) {
-		if t.After(old.until) {
-			p.m[key] = pause{old.start, t}
-		}
+	if old, ok := p.m[key]; ok && !t.After(old) {
 		return
 	}
-	if len(p.m) >= 1024 { // forget pauses that no longer matter
-		for k, ps := range p.m {
-			if !ps.until.Add(ps.length()).After(now) {
+	if len(p.m) >= 1024 { // forget pauses that are over
+		for k, u := range p.m {
+			if !u.After(now) {
 				delete(p.m, k)
 			}
 		}
 	}
-	p.m[key] = pause{now, t}
+	p.m[key] = t
 	p.n.Store(int64(len(p.m)))
 }
 

@@ -207,59 +207,50 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 }
 
 // wait holds the attempt back until key's pause is over and the bucket has
-// its cost, within the max wait and ctx's deadline. A pause that began
-// while it waited for its slot holds it further (see held). It returns the
-// epoch of the reservation.
+// its cost, within the max wait and ctx's deadline. It returns the epoch of
+// the reservation.
+//
+// A slot that comes due while this process knows the key to be paused
+// (a 429 came back while the slot was waited for) is dropped, and another
+// reserved once the pause is over. The bucket, paused for the fleet,
+// lets the slots reserved before the pause come due during it and
+// schedules what is reserved later from its end, at the rate; held to the
+// end, this process's slots would go out as a herd into a provider that has
+// refilled only its burst, and held by the pause's length they would
+// collide with the slots reserved after it.
 func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now time.Time) (uint64, error) {
 	maxWait := t.cfg.maxWait
-	d, err := t.paused(ctx, key, now, maxWait)
-	if err != nil {
-		return 0, err
-	}
-	if maxWait != bucket.Unlimited {
-		maxWait -= d
-	}
-	if t.cfg.bucket == nil {
-		return 0, nil
-	}
-	reserved := now.Add(d) // after the pause, if it slept one
-	r, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait)
-	if err != nil {
-		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+	for {
+		d, err := t.paused(ctx, key, now, maxWait)
+		if err != nil {
 			return 0, err
 		}
-		return 0, fmt.Errorf("transport: %w", err)
-	}
-	if r.Delay > 0 {
+		if t.cfg.bucket == nil {
+			return 0, nil
+		}
+		if maxWait != bucket.Unlimited {
+			maxWait -= d
+		}
+		r, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait)
+		if err != nil {
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+				return 0, err
+			}
+			return 0, fmt.Errorf("transport: %w", err)
+		}
 		if maxWait != bucket.Unlimited {
 			maxWait -= r.Delay
 		}
-		if err := t.held(ctx, key, reserved, t.cfg.now(), maxWait); err != nil {
-			t.refund(ctx, key, cost)
-			return 0, err
+		if r.Delay <= 0 {
+			return r.Epoch, nil
 		}
+		if now = t.cfg.now(); t.pauses.until(key, now).IsZero() {
+			return r.Epoch, nil
+		}
+		// Not refunded: the bucket counts the slots due during the pause as
+		// spent (see bucket.Observe), and a refund would hand out one of the
+		// slots due after it a second time.
 	}
-	return r.Epoch, nil
-}
-
-// held holds back a slot of key reserved at reserved and due now, if a
-// pause began in this process since it was reserved: by the pause's length,
-// not until its end. The bucket, paused for the fleet, schedules what is
-// reserved after the pause behind the slots reserved before it, as if
-// those slots were all shifted by the pause; sent at its end instead, they
-// would go out as a herd into a provider that has just refilled only its
-// burst. A slot reserved since the pause began waits for its end, if it is
-// still on. Waits beyond maxWait or ctx's deadline fail as paused does.
-func (t *Transport) held(ctx context.Context, key string, reserved, now time.Time, maxWait time.Duration) error {
-	ps, ok := t.pauses.get(key, now)
-	if !ok {
-		return nil
-	}
-	d := ps.until.Sub(now)
-	if ps.start.After(reserved) {
-		d = max(d, ps.length())
-	}
-	return t.hold(ctx, d, now, maxWait)
 }
 
 // paused sleeps until key's pause in this process is over, if it is paused,
@@ -271,24 +262,15 @@ func (t *Transport) paused(ctx context.Context, key string, now time.Time, maxWa
 		return 0, nil
 	}
 	d := until.Sub(now)
-	return d, t.hold(ctx, d, now, maxWait)
-}
-
-// hold sleeps d, for a pause, unless that is longer than maxWait or ctx's
-// deadline allow: then it fails at once with a *bucket.WaitError.
-func (t *Transport) hold(ctx context.Context, d time.Duration, now time.Time, maxWait time.Duration) error {
-	if d <= 0 {
-		return nil
-	}
 	allowed := maxWait
 	if dl, ok := ctx.Deadline(); ok {
 		allowed = max(min(allowed, dl.Sub(now)), 0)
 	}
 	if d > allowed {
-		return fmt.Errorf("transport: key paused by Retry-After: %w",
+		return 0, fmt.Errorf("transport: key paused by Retry-After: %w",
 			&bucket.WaitError{RetryAfter: d, MaxWait: allowed})
 	}
-	return t.cfg.sleep(ctx, d)
+	return d, t.cfg.sleep(ctx, d)
 }
 
 func waitOutcome(ctx context.Context, err error) outcome {
@@ -315,7 +297,7 @@ func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
 
 // observe reads what resp says about the limit. A 429, 503 or 529 with a
 // Retry-After holds key back in this process for that long (at most
-// MaxRetryAfter), slots already reserved included (see held); and
+// MaxRetryAfter), slots already reserved included (see wait); and
 // the bucket learns it all for the fleet (bucket.Observe): every refusal,
 // and what accepted responses report about the quota, at most once per
 // observeEvery per key.

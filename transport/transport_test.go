@@ -461,9 +461,11 @@ func TestReservedSlotHeldThroughPause(t *testing.T) {
 	assert.GreaterOrEqual(t, f.arrivals[1].Sub(refusedAt), 900*time.Millisecond, "held until the pause ended")
 }
 
-// TestHeldSlotsKeepTheirSpacing: slots reserved before a pause began are
-// held by the pause's length, keeping their spacing, rather than all sent
-// at its end into a provider that has refilled only its burst.
+// TestHeldSlotsKeepTheirSpacing: the slots reserved before a pause began
+// and due during it are dropped and reserved again after it, behind the
+// slots due after it, all at the rate: neither sent as a herd at its end
+// into a provider that has refilled only its burst, nor colliding with the
+// slots that kept their times.
 func TestHeldSlotsKeepTheirSpacing(t *testing.T) {
 	f := newPauseFixture(t)
 	var wg sync.WaitGroup
@@ -472,14 +474,16 @@ func TestHeldSlotsKeepTheirSpacing(t *testing.T) {
 		assert.Equal(t, http.StatusTooManyRequests, code)
 	})
 	time.Sleep(10 * time.Millisecond)
-	for range 3 { // slots 100, 200 and 300 ms after the first
+	// Slots 100 ms to 1.4 s after the first; the pause ends 1.05 s after it.
+	const queued = 14
+	for range queued {
 		wg.Go(func() {
 			code, _ := f.get(t)
 			assert.Equal(t, http.StatusOK, code)
 		})
 	}
 	wg.Wait()
-	require.Len(t, f.arrivals, 4)
+	require.Len(t, f.arrivals, queued+1)
 	held := f.arrivals[1:]
 	slices.SortFunc(held, func(a, b time.Time) int { return a.Compare(b) })
 	assert.GreaterOrEqual(t, held[0].Sub(f.arrivals[0]), time.Second, "held by the pause")
