@@ -167,11 +167,12 @@ type Policy struct {
 	// noise, not a reason to cut. Default 3.
 	Threshold int
 	// ThresholdWindows is the time over which refusals are counted toward
-	// Threshold, in windows of the limit. Default 3: a refusal's
-	// Retry-After pauses the whole fleet, so a rate that is too high may
-	// draw only one or two refusals per pause, a window or more apart; a
-	// count within one window would never reach the threshold, and the
-	// fleet would live on pauses.
+	// Threshold, in windows of the limit, not counting the time the key
+	// was paused by a Retry-After. Default 3: a refusal's pause holds the
+	// whole fleet back, so a rate that is too high may draw only one
+	// refusal per pause, a window or more apart; a count within one window
+	// of the clock would never reach the threshold, and the fleet would
+	// live on pauses.
 	ThresholdWindows float64
 	// Floor is the lowest fraction of the ceiling the rate falls to, in
 	// (0, 1]. Default 0.02.

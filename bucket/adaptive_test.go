@@ -158,6 +158,22 @@ func TestObserve(t *testing.T) {
 				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
 			})
 
+			t.Run("threshold: the time paused is not counted", func(t *testing.T) {
+				// One process that learns of each pause at once draws one
+				// refusal per pause: 1.6 s apart, each pausing the key 1 s.
+				// Three span 3.2 s of the clock but 1.2 s of sending.
+				b := be.new(t, lim, bucket.WithPolicy(adaptive.Policy{Decrease: 0.5})) // threshold 3
+				refused := adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: time.Second}
+				for range 2 {
+					require.NoError(t, b.Observe(ctx, "paused", refused))
+					be.advance(1600 * time.Millisecond)
+				}
+				require.NoError(t, b.Observe(ctx, "paused", refused))
+				g, e := gap(t, b, "paused")
+				assert.Equal(t, uint64(1), e, "three within three windows of sending")
+				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
+			})
+
 			t.Run("pause spreads what is reserved during it", func(t *testing.T) {
 				b := be.new(t, lim)
 				require.NoError(t, b.Observe(ctx, "pause", adaptive.Feedback{Class: adaptive.Overloaded, RetryAfter: 2 * time.Second}))

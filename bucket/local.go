@@ -31,7 +31,7 @@ type localKey struct {
 
 	epoch       uint64    // decreases so far
 	refused     int       // refusals counted since counting
-	counting    time.Time // when the count began
+	counting    time.Time // when the count began, moved on by the pauses since
 	decreased   time.Time // the last decrease; zero if none
 	after       float64   // the fraction of the ceiling just after it
 	rate, burst []float64 // limits the provider reported; 0 if none (nil: none at all)
@@ -143,10 +143,14 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 		// Nothing more until the pause ends, then the rate: the bucket is
 		// empty at that moment, so what is reserved meanwhile is spread.
 		// Slots reserved before keep their times (see pauseTokens).
+		// The time paused does not count toward the threshold's window.
 		if until := addSaturating(now, fb.RetryAfter); until.After(k.last) {
 			f := l.fraction(k, now)
 			for i := range k.tokens {
 				k.tokens[i] = pauseTokens(k.tokens[i], until.Sub(k.last), l.rate(k, i, f))
+			}
+			if k.refused > 0 {
+				k.counting = k.counting.Add(until.Sub(k.last))
 			}
 			k.last = until
 		}

@@ -17,7 +17,7 @@ import "github.com/redis/go-redis/v9"
 //	a   the fraction of the ceiling just after the last decrease, in millionths
 //	d   when the last decrease happened, in microseconds
 //	c   refusals counted toward the next decrease
-//	cs  when that count began, in microseconds
+//	cs  when that count began, in microseconds, moved on by the pauses since
 //
 // Times are integer microseconds: exact in a Lua double, and passed to
 // redis.call as numbers, which Redis writes with 17 digits (never through
@@ -207,7 +207,7 @@ elseif ARGV[1] == '1' and tonumber(ARGV[4]) >= epoch then
     end
   end
 end
-local pause = tonumber(ARGV[5])
+local pause, paused = tonumber(ARGV[5]), 0
 for i = 1, #KEYS - 1 do
   local key, o = KEYS[i+1], 5 * i + 7
   local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
@@ -215,6 +215,7 @@ for i = 1, #KEYS - 1 do
   local rate, burst, tk, at, x = refill(key, crate, cburst, f, 0)
   if pause > 0 and now + pause > at then
     -- empty at the pause's end but for the debt due after it (pauseTokens)
+    paused = math.max(paused, now + pause - at)
     tk, at = math.min(0, tk + (now + pause - at) / 1e6 * rate * nf / f), now + pause
   end
   if rem >= 0 then tk = math.min(tk, rem) end
@@ -227,6 +228,10 @@ for i = 1, #KEYS - 1 do
     burst = math.min(cburst, rburst) * f
   end
   store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f)
+end
+-- The time paused does not count toward the threshold's window.
+if paused > 0 and tonumber(redis.call('HGET', KEYS[1], 'c') or 0) > 0 then
+  redis.call('HINCRBY', KEYS[1], 'cs', paused)
 end
 return epoch
 `)
