@@ -168,11 +168,14 @@ type Policy struct {
 	Threshold int
 	// ThresholdWindows is the time over which refusals are counted toward
 	// Threshold, in windows of the limit, not counting the time the key
-	// was paused by a Retry-After. Default 3: a refusal's pause holds the
-	// whole fleet back, so a rate that is too high may draw only one
-	// refusal per pause, a window or more apart; a count within one window
-	// of the clock would never reach the threshold, and the fleet would
-	// live on pauses.
+	// was paused by a Retry-After: a pause holds the whole fleet back, so
+	// a rate that is too high may draw only one refusal per pause (always,
+	// in a single process, which learns of each pause at once), and a
+	// count by the clock would never reach the threshold; the fleet would
+	// live on pauses at the ceiling. Default 2: refusals of a rate too high
+	// come within a window or so of sending; spread wider, they are the
+	// jitter of a rate just under the limit, which a full decrease would
+	// cost more than it saves.
 	ThresholdWindows float64
 	// Floor is the lowest fraction of the ceiling the rate falls to, in
 	// (0, 1]. Default 0.02.
@@ -217,7 +220,7 @@ type Policy struct {
 
 // DefaultPolicy returns the policy a bucket follows unless told otherwise.
 func DefaultPolicy() Policy {
-	return Policy{Decrease: 0.7, Threshold: 3, ThresholdWindows: 3, Floor: 0.02, Recovery: Cubic, RecoveryWindows: 120, MinEpoch: 1, HoldWindows: 10}
+	return Policy{Decrease: 0.7, Threshold: 3, ThresholdWindows: 2, Floor: 0.02, Recovery: Cubic, RecoveryWindows: 120, MinEpoch: 1, HoldWindows: 10}
 }
 
 // ErrInvalidPolicy is matched by errors from Policy.Validate.

@@ -140,13 +140,13 @@ func TestObserve(t *testing.T) {
 				assert.InDelta(t, 2, be.tokens(t, "cold-adjust")[bucket.Requests], 1e-6)
 			})
 
-			t.Run("threshold: refusals within three windows", func(t *testing.T) {
+			t.Run("threshold: refusals within two windows", func(t *testing.T) {
 				b := be.new(t, lim, bucket.WithPolicy(adaptive.Policy{Decrease: 0.5})) // threshold 3
 				for range 2 {
 					require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
-					be.advance(1600 * time.Millisecond)
+					be.advance(1200 * time.Millisecond)
 				}
-				// The third comes 3.2 s after the first, past three windows of
+				// The third comes 2.4 s after the first, past two windows of
 				// 1 s: the count starts over.
 				require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
 				_, e := gap(t, b, "threshold")
@@ -154,7 +154,7 @@ func TestObserve(t *testing.T) {
 				require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
 				require.NoError(t, b.Observe(ctx, "threshold", rateLimited(0)))
 				g, e := gap(t, b, "threshold")
-				assert.Equal(t, uint64(1), e, "three within three windows")
+				assert.Equal(t, uint64(1), e, "three within two windows")
 				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
 			})
 
@@ -170,7 +170,7 @@ func TestObserve(t *testing.T) {
 				}
 				require.NoError(t, b.Observe(ctx, "paused", refused))
 				g, e := gap(t, b, "paused")
-				assert.Equal(t, uint64(1), e, "three within three windows of sending")
+				assert.Equal(t, uint64(1), e, "three within two windows of sending")
 				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
 			})
 

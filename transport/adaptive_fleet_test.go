@@ -356,18 +356,18 @@ func TestAdaptiveFleet(t *testing.T) {
 	// The ceiling is a guess, and so is its burst: the fleet starts cold.
 	coldStart := adaptive.Policy{ColdStart: true}
 	scenarios := []adaptiveScenario{
-		// Measured over five runs (429s / x ideal): token bucket 1.0-1.3% /
-		// 1.03-1.04; with headers 0.2-0.3% / 1.00-1.02; fixed window
-		// 1.0-1.7% / 1.05-1.08; sliding window 1.5-2.8% / 1.10-1.20. The
+		// Measured over five runs (429s / x ideal): token bucket 1.2-1.5% /
+		// 1.03-1.04; with headers 0.2-0.3% / 1.00-1.01; fixed window
+		// 1.2-1.5% / 1.05-1.09; sliding window 1.3-1.7% / 1.10-1.12. The
 		// window servers lose a second to every pause (Retry-After in whole
 		// seconds), and the sliding one now and then refuses one call at
 		// 19.6/s, where two cuts of 0.7 leave the rate, when scheduling
-		// bunches a few: one run in five had eight such refusals. With the
-		// default policy (warm start) the first second draws some 20 429s:
-		// 32 calls at once into a ceiling burst of 40 against a server burst
-		// of 20, and as many again from the 8 tokens left (token bucket 4.5%,
-		// with headers 3.3%, fixed window 5.2%, sliding window 6.0% in one
-		// run).
+		// bunches a few; its makespan is asserted with a margin for a run
+		// with more of them. With the default policy (warm start) the first
+		// second draws some 20 429s: 32 calls at once into a ceiling burst
+		// of 40 against a server burst of 20, and as many again from the 8
+		// tokens left (token bucket 4.3%, with headers 1.8%, fixed window
+		// 4.8%, sliding window 4.3% in one run).
 		{name: "token-bucket", limit: tokenBucket, mode: modeSluice, client: sluice, policy: coldStart,
 			target429: 0.05, targetMakespan: 1.15, max429: 0.05, maxMakespan: 1.15},
 		{name: "token-bucket-openai-headers", limit: tokenBucket, headers: llmtest.OpenAIHeaders, mode: modeSluice, client: sluice, policy: coldStart,
