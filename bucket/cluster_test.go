@@ -91,8 +91,5 @@ func TestRedisCluster(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	bound := lim.Burst + lim.Rate*time.Since(start).Seconds()
-	t.Logf("cluster: admitted %d, bound %.1f", admitted.Load(), bound)
-	assert.LessOrEqual(t, float64(admitted.Load()), bound+1)
-	assert.GreaterOrEqual(t, float64(admitted.Load()), 0.95*bound)
+	assertConserved(t, lim, admitted.Load(), time.Since(start), "cluster")
 }

@@ -149,11 +149,8 @@ func TestFleetConservation(t *testing.T) {
 			Addr: addr, Key: "conserve1-" + strconv.FormatInt(time.Now().UnixNano(), 36),
 			Requests: lim, Goroutines: goroutines, Duration: dur,
 		})
-		bound := lim.Burst + lim.Rate*span.Seconds()
-		t.Logf("%d processes x %d goroutines, %d calls in %v: admitted %d, bound %.1f (%.1f%%)",
-			procs, goroutines, calls, span.Round(time.Millisecond), admitted, bound, 100*float64(admitted)/bound)
-		assert.LessOrEqual(t, float64(admitted), bound+1)
-		assert.GreaterOrEqual(t, float64(admitted), 0.95*bound)
+		assertConserved(t, lim, int64(admitted), span,
+			fmt.Sprintf("%d processes x %d goroutines, %d calls in %v", procs, goroutines, calls, span.Round(time.Millisecond)))
 		assert.Greater(t, calls, 2*admitted, "the fleet must saturate the key")
 	})
 

@@ -7,12 +7,26 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+
 	"github.com/sluicehq/sluice/bucket"
 )
 
 // epoch is a moment of today's magnitude: 1.8e15 µs, beyond the 14 digits
 // that Lua's tostring keeps.
 var epoch = time.Date(2026, 11, 30, 12, 0, 0, 123456000, time.UTC)
+
+// assertConserved checks the fleet invariant on a key saturated for span:
+// what was admitted is at most Burst + Rate·span (plus one for the
+// measurement of span) and at least 95% of it. what names the run in the
+// log.
+func assertConserved(t *testing.T, lim bucket.Limit, admitted int64, span time.Duration, what string) {
+	t.Helper()
+	bound := lim.Burst + lim.Rate*span.Seconds()
+	t.Logf("%s: admitted %d, bound %.1f (%.1f%%)", what, admitted, bound, 100*float64(admitted)/bound)
+	assert.LessOrEqual(t, float64(admitted), bound+1)
+	assert.GreaterOrEqual(t, float64(admitted), 0.95*bound)
+}
 
 type fakeClock struct {
 	mu sync.Mutex

@@ -199,10 +199,7 @@ func TestLocalConservation(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	bound := lim.Burst + lim.Rate*time.Since(start).Seconds()
-	t.Logf("admitted %d, bound %.1f", admitted.Load(), bound)
-	assert.LessOrEqual(t, float64(admitted.Load()), bound+1)
-	assert.GreaterOrEqual(t, float64(admitted.Load()), 0.95*bound)
+	assertConserved(t, lim, admitted.Load(), time.Since(start), "local")
 }
 
 // TestLocalForgetsIdleKeys: the map of keys stays bounded.
