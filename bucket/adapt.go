@@ -9,13 +9,30 @@ import (
 
 // adaptation is a token bucket's adaptive law with the times it scales to
 // the limit's window: the longest Burst/Rate among the dimensions.
+//
+// What a response teaches a key is hostile input (a lying upstream, a
+// proxy's bug) and is bounded before it reaches the key's state: a pause
+// lasts at most span; a reported limit counts only if its reset and window
+// are at most maxReported, and its rate and burst are floored at
+// Policy.Floor of the configured ones; it holds until its reset (at least
+// one window of the limit), at most span. Every cut recovers within span
+// too, so span is the horizon within which a key forgets all it learnt.
 type adaptation struct {
 	policy   adaptive.Policy
+	limit    time.Duration // the limit's window
 	window   time.Duration // refusals are counted within one: ThresholdWindows of the limit's
-	span     time.Duration // a full recovery: RecoveryWindows windows
+	span     time.Duration // a full recovery: RecoveryWindows windows; the horizon of all that is learnt
 	minEpoch time.Duration // the least time between two decreases
 	hold     time.Duration // how long a decreased rate must be kept to be known safe
 }
+
+// maxReported is the longest reset or window a reported quota may state to
+// be believed: a day, the longest window providers publish.
+const maxReported = 24 * time.Hour
+
+// minReported is the least limit a reported quota may state to be
+// believed: one request, or one token.
+const minReported = 1
 
 func newAdaptation(p adaptive.Policy, dims []dim) adaptation {
 	var window float64 // seconds
@@ -24,6 +41,7 @@ func newAdaptation(p adaptive.Policy, dims []dim) adaptation {
 	}
 	return adaptation{
 		policy:   p,
+		limit:    ceilDuration(window),
 		window:   max(ceilDuration(window*p.ThresholdWindows), time.Microsecond),
 		span:     max(ceilDuration(window*p.RecoveryWindows), time.Microsecond),
 		minEpoch: ceilDuration(window * p.MinEpoch),
@@ -39,6 +57,36 @@ func (a *adaptation) held(after float64, decreased, now time.Time) float64 {
 		return 0
 	}
 	return after
+}
+
+// report is what a response reported of one dimension's quota, bounded:
+// rem < 0, rate and burst 0 are unknown, until is when the rate and burst
+// stop counting.
+type report struct {
+	rem, rate, burst float64
+	until            time.Duration // from now
+}
+
+// report bounds q, reported for a dimension limited to l.
+func (a *adaptation) report(q adaptive.Quota, l Limit) report {
+	r := report{rem: -1}
+	if q.Remaining >= 0 && !math.IsInf(q.Remaining, 0) {
+		r.rem = q.Remaining
+	}
+	if !(q.Limit >= minReported) || math.IsInf(q.Limit, 0) || q.Reset > maxReported || q.Window > maxReported {
+		return r
+	}
+	if v, ok := q.Rate(); ok {
+		r.rate = max(v, a.policy.Floor*l.Rate)
+	}
+	r.burst = max(q.Limit, a.policy.Floor*l.Burst)
+	r.until = min(max(q.Reset, q.Window, a.limit), a.span)
+	return r
+}
+
+// pause bounds a Retry-After: at most span.
+func (a *adaptation) pause(d time.Duration) time.Duration {
+	return min(max(d, 0), a.span)
 }
 
 // counts reports whether fb is a refusal that counts toward a decrease of
@@ -72,10 +120,10 @@ func pauseTokens(tokens float64, d time.Duration, rate float64) float64 {
 	return min(0, tokens+d.Seconds()*rate)
 }
 
-// addSaturating returns t+d, or a time far in the future if that overflows.
-func addSaturating(t time.Time, d time.Duration) time.Time {
-	if d >= time.Duration(math.MaxInt64)-time.Duration(t.UnixNano()) {
-		return time.Unix(0, math.MaxInt64)
+// addDuration returns a+b for a, b >= 0, saturated at the longest Duration.
+func addDuration(a, b time.Duration) time.Duration {
+	if a > Unlimited-b {
+		return Unlimited
 	}
-	return t.Add(d)
+	return a + b
 }

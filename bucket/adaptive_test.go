@@ -243,12 +243,12 @@ func TestObserve(t *testing.T) {
 			t.Run("clamp to remaining and reported limit", func(t *testing.T) {
 				b := be.new(t, lim)
 				require.NoError(t, b.Observe(ctx, "quota", adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-					adaptive.Requests: {Limit: 4, Remaining: 2, Window: time.Second},
+					adaptive.Requests: {Limit: 4, Remaining: 2, Window: time.Second, Reset: 3 * time.Second},
 				}}))
 				assert.InDelta(t, 2, be.tokens(t, "quota")[bucket.Requests], 1e-6)
 				g, _ := gap(t, b, "quota")
 				assert.Equal(t, 250*time.Millisecond, g, "the reported 4/s")
-				be.advance(1500 * time.Millisecond)
+				be.advance(1500 * time.Millisecond) // the report counts until its reset
 				assert.InDelta(t, 4, be.tokens(t, "quota")[bucket.Requests], 1e-6, "refills to the reported burst")
 				// A report from another dimension or an unknown remaining
 				// changes nothing here.

@@ -19,7 +19,8 @@ type Bucket interface {
 	Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error)
 	// Adjust changes what key has been charged by delta: a negative amount
 	// refunds (never above the burst), a positive one debits, into debt if
-	// need be.
+	// need be, and at most the dimension's burst: no call can cost more, and
+	// a usage report beyond it is a lie that would stall the key.
 	Adjust(ctx context.Context, key string, delta Cost) error
 	// Observe applies what a response said about the limit to key, for
 	// every user of the bucket: a pause for its Retry-After (what is

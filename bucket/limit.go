@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"time"
 )
 
 // Dimension names used by the rest of sluice. Any other non-empty name works
@@ -33,14 +34,28 @@ func (l Limit) String() string {
 		strconv.FormatFloat(l.Burst, 'g', -1, 64)
 }
 
-// Validate reports whether l can be used: Rate and Burst finite and
-// positive. The error is a *LimitError.
+// The range of a Limit's numbers: what the Redis scripts represent exactly
+// (tokens are integer millionths, times integer microseconds, both within
+// the 2^53 that a Lua double holds exactly), and more than any API grants.
+const (
+	minRate, maxRate   = 1e-6, 1e9 // per second
+	minBurst, maxBurst = 1e-6, 1e9
+	// maxRefill is the longest Burst/Rate, the time an empty bucket takes
+	// to fill: 400 days.
+	maxRefill = 400 * 24 * time.Hour
+)
+
+// Validate reports whether l can be used: Rate within [1e-6, 1e9] per second,
+// Burst within [1e-6, 1e9], and Burst/Rate at most 400 days. The
+// error is a *LimitError.
 func (l Limit) Validate() error {
 	switch {
-	case !(l.Rate > 0) || math.IsInf(l.Rate, 0):
-		return &LimitError{Limit: l, Reason: "rate must be a finite number > 0"}
-	case !(l.Burst > 0) || math.IsInf(l.Burst, 0):
-		return &LimitError{Limit: l, Reason: "burst must be a finite number > 0"}
+	case !(l.Rate >= minRate && l.Rate <= maxRate):
+		return &LimitError{Limit: l, Reason: fmt.Sprintf("rate must be a number from %g to %g per second", minRate, maxRate)}
+	case !(l.Burst >= minBurst && l.Burst <= maxBurst):
+		return &LimitError{Limit: l, Reason: fmt.Sprintf("burst must be a number from %g to %g", minBurst, maxBurst)}
+	case l.Burst/l.Rate > maxRefill.Seconds():
+		return &LimitError{Limit: l, Reason: fmt.Sprintf("burst/rate, the time to refill, must be at most %v", maxRefill)}
 	}
 	return nil
 }

@@ -35,6 +35,7 @@ type localKey struct {
 	decreased   time.Time // the last decrease; zero if none
 	after       float64   // the fraction of the ceiling just after it
 	rate, burst []float64 // limits the provider reported; 0 if none (nil: none at all)
+	reported    time.Time // when rate and burst stop counting
 }
 
 var _ Bucket = (*Local)(nil)
@@ -75,8 +76,8 @@ func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.D
 			wait = max(wait, deficit/l.rate(k, i, f))
 		}
 	}
-	w := ceilDuration(wait) + max(k.last.Sub(now), 0)
-	if w > max(maxWait, 0) {
+	w := addDuration(ceilDuration(wait), max(k.last.Sub(now), 0))
+	if w > max(maxWait, 0) || w == Unlimited { // a wait of 292 years is none, as on Redis
 		return Reservation{RetryAfter: w, Epoch: k.epoch}, nil
 	}
 	for i, d := range l.dims {
@@ -100,7 +101,9 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 	defer l.mu.Unlock()
 	k := l.advance(key, now, nil)
 	for i, d := range l.dims {
-		k.tokens[i] = min(k.tokens[i]-delta[d.name], l.burst(k, i, l.fraction(k, now)))
+		// A debit takes at most a burst: no call can cost more (see Adjust).
+		debit := min(delta[d.name], d.limit.Burst)
+		k.tokens[i] = min(k.tokens[i]-debit, l.burst(k, i, l.fraction(k, now)))
 		if k.last.After(now) {
 			// Paused: the bucket stays empty at the pause's end, or what a
 			// refund gave back would go out all at once then.
@@ -118,11 +121,12 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 	if key == "" {
 		return ErrInvalidKey
 	}
+	reports, rated := l.reports(fb)
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.advance(key, now, nil)
-	if fb.ReportsRate() {
+	if rated {
 		// The provider says what its limit is: that replaces what
 		// refusals taught.
 		k.decreased, k.refused = time.Time{}, 0
@@ -139,12 +143,12 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 			k.refused = 0
 		}
 	}
-	if fb.RetryAfter > 0 {
+	if d := l.adapt.pause(fb.RetryAfter); d > 0 && fb.Class != adaptive.Accepted {
 		// Nothing more until the pause ends, then the rate: the bucket is
 		// empty at that moment, so what is reserved meanwhile is spread.
 		// Slots reserved before keep their times (see pauseTokens).
 		// The time paused does not count toward the threshold's window.
-		if until := addSaturating(now, fb.RetryAfter); until.After(k.last) {
+		if until := now.Add(d); until.After(k.last) {
 			f := l.fraction(k, now)
 			for i := range k.tokens {
 				k.tokens[i] = pauseTokens(k.tokens[i], until.Sub(k.last), l.rate(k, i, f))
@@ -155,26 +159,24 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 			k.last = until
 		}
 	}
-	for i, d := range l.dims {
-		q, ok := fb.Quotas[d.name]
-		if !ok {
-			continue
+	for i, r := range reports {
+		if r.rem >= 0 {
+			k.tokens[i] = min(k.tokens[i], r.rem)
 		}
-		if q.Remaining >= 0 {
-			k.tokens[i] = min(k.tokens[i], q.Remaining)
-		}
-		r, rok := q.Rate()
-		if !rok && !(q.Limit > 0) {
+		if r.rate == 0 && r.burst == 0 {
 			continue
 		}
 		if k.rate == nil {
 			k.rate, k.burst = make([]float64, len(l.dims)), make([]float64, len(l.dims))
 		}
-		if rok {
-			k.rate[i] = r
+		if r.rate > 0 {
+			k.rate[i] = r.rate
 		}
-		if q.Limit > 0 && !math.IsInf(q.Limit, 0) {
-			k.burst[i] = q.Limit
+		if r.burst > 0 {
+			k.burst[i] = r.burst
+		}
+		if until := now.Add(r.until); until.After(k.reported) {
+			k.reported = until
 		}
 	}
 	f := l.fraction(k, now)
@@ -182,6 +184,23 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 		k.tokens[i] = min(k.tokens[i], l.burst(k, i, f))
 	}
 	return nil
+}
+
+// reports returns fb's quotas for l's dimensions, bounded (nil if there are
+// none), and whether one of them reports a rate.
+func (l *Local) reports(fb adaptive.Feedback) (reports []report, rated bool) {
+	if len(fb.Quotas) == 0 {
+		return nil, false
+	}
+	reports = make([]report, len(l.dims))
+	for i, d := range l.dims {
+		reports[i] = report{rem: -1}
+		if q, ok := fb.Quotas[d.name]; ok {
+			reports[i] = l.adapt.report(q, d.limit)
+			rated = rated || reports[i].rate > 0
+		}
+	}
+	return reports, rated
 }
 
 // Rate returns the rate, per second, key refills at now in each dimension:
@@ -217,7 +236,6 @@ func (l *Local) rate(k *localKey, i int, f float64) float64 {
 	return r * f
 }
 
-// burst is dimension i's capacity for k.
 // burst is dimension i's capacity for k at fraction f: scaled as the rate
 // is, or a slowed key would gather the burst of its ceiling while idle.
 func (l *Local) burst(k *localKey, i int, f float64) float64 {
@@ -259,6 +277,9 @@ func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 		l.keys[key] = k
 		return k
 	}
+	if k.rate != nil && !now.Before(k.reported) {
+		k.rate, k.burst = nil, nil // the report has run its time
+	}
 	if elapsed := now.Sub(k.last).Seconds(); elapsed > 0 {
 		f := l.fraction(k, now)
 		for i := range l.dims {
@@ -277,7 +298,8 @@ func (l *Local) sweep(now time.Time) {
 		return
 	}
 	for name, k := range l.keys {
-		if l.fraction(k, now) < 1 || k.refused > 0 || k.rate != nil && now.Sub(k.last) < l.adapt.span {
+		if l.fraction(k, now) < 1 || k.refused > 0 && now.Sub(k.counting) <= l.adapt.window ||
+			k.rate != nil && now.Before(k.reported) {
 			continue // what it learnt still matters
 		}
 		full := true

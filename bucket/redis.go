@@ -3,7 +3,6 @@ package bucket
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -62,37 +61,34 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		return ErrInvalidKey
 	}
 	p := &r.adapt.policy
+	pause := time.Duration(0)
+	if fb.Class != adaptive.Accepted {
+		pause = r.adapt.pause(fb.RetryAfter)
+	}
 	verdict := smallAmounts[0] // nothing to learn from refusals
-	switch {
-	case fb.ReportsRate():
-		verdict = smallAmounts[2] // forget what refusals taught
-	case fb.Class == adaptive.RateLimited:
+	if fb.Class == adaptive.RateLimited {
 		verdict = smallAmounts[1] // a refusal to count
 	}
 	keys := make([]string, 0, len(r.dims)+1)
 	base := r.baseKey(key)
 	keys = append(keys, base)
-	args := make([]any, 0, 11+5*len(r.dims))
+	args := make([]any, 0, 11+6*len(r.dims))
 	args = append(args, verdict, r.span, r.adapt.flags(), scriptArg(float64(fb.Epoch)),
-		scriptArg(float64(max(fb.RetryAfter, 0).Microseconds())),
+		scriptArg(float64(pause.Microseconds())),
 		scriptArg(p.Decrease), scriptArg(p.Floor), scriptArg(float64(r.adapt.minEpoch.Microseconds())),
 		scriptArg(float64(p.Threshold)), scriptArg(float64(r.adapt.window.Microseconds())),
 		scriptArg(float64(r.adapt.hold.Microseconds())))
 	for i, d := range r.dims {
 		keys = append(keys, r.dimKey(base, d.name))
-		rem, rate, burst := -1.0, 0.0, 0.0
+		rp := report{rem: -1}
 		if q, ok := fb.Quotas[d.name]; ok {
-			if q.Remaining >= 0 && !math.IsInf(q.Remaining, 0) {
-				rem = q.Remaining
-			}
-			if v, ok := q.Rate(); ok {
-				rate = v
-			}
-			if q.Limit > 0 && !math.IsInf(q.Limit, 0) {
-				burst = q.Limit
-			}
+			rp = r.adapt.report(q, d.limit)
 		}
-		args = append(args, r.param[i], d.burst, scriptArg(rem), scriptArg(rate), scriptArg(burst))
+		if rp.rate > 0 {
+			args[0] = smallAmounts[2] // forget what refusals taught
+		}
+		args = append(args, r.param[i], d.burst, scriptArg(rp.rem), scriptArg(rp.rate), scriptArg(rp.burst),
+			scriptArg(float64(rp.until.Microseconds())))
 	}
 	if err := r.run(ctx, observeScript, keys, args...).Err(); err != nil {
 		if sh := r.fo.fallback(err); sh != nil {

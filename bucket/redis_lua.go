@@ -10,6 +10,7 @@ import "github.com/redis/go-redis/v9"
 //	x   when the hash is set to expire, in microseconds
 //	r   the rate the provider reported, in millionths per second (optional)
 //	b   the burst the provider reported, in millionths (optional)
+//	rx  until when r and b count, in microseconds (with r or b)
 //
 // and one HASH per key, KEYS[1], for what the adaptive law needs:
 //
@@ -18,6 +19,7 @@ import "github.com/redis/go-redis/v9"
 //	d   when the last decrease happened, in microseconds
 //	c   refusals counted toward the next decrease
 //	cs  when that count began, in microseconds, moved on by the pauses since
+//	p   when the last pause ends, in microseconds
 //
 // Times are integer microseconds: exact in a Lua double, and passed to
 // redis.call as numbers, which Redis writes with 17 digits (never through
@@ -30,6 +32,18 @@ import "github.com/redis/go-redis/v9"
 // key does not pay a PEXPIREAT per call, and an idle key disappears soon
 // after it is full again.
 //
+// A dimension's ts lies in the future only while a pause holds the key, and
+// never later than p. A ts later than that, or a p later than a pause can
+// last (span), means the server's clock has stepped back (a failover to a
+// replica whose clock lags): the time is taken as now, so a step back
+// delays no call, unless it comes during a pause, and then by at most span.
+// A decrease dated in the future is forgotten for the same reason.
+//
+// Every number the scripts get is bounded in Go first (Limit.Validate, the
+// reports and pauses of adaptation), so that no time or amount they compute
+// leaves the integers a Lua double holds exactly, and no write can fail
+// halfway through a script.
+//
 // ARGV of reserve, adjust and tokens: the operation's argument, the recovery
 // span in microseconds, the law's flags (the recovery law, 0 cubic or 1
 // additive, plus 2 for a cold start), then one triple per dimension key:
@@ -41,18 +55,26 @@ local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local span, law = tonumber(ARGV[2]), tonumber(ARGV[3]) % 2
 local cold = tonumber(ARGV[3]) >= 2
+local pausedTo = now -- the latest a dimension's ts may be (see above)
 
 -- fraction returns the share of the configured rate the key is at, its
 -- epoch, and when its last decrease was and what it cut to, if any
 -- (adaptive.Policy.Fraction).
 local function fraction(span, law)
-  local s = redis.call('HMGET', KEYS[1], 'e', 'a', 'd')
+  local s = redis.call('HMGET', KEYS[1], 'e', 'a', 'd', 'p')
   local e = tonumber(s[1]) or 0
+  local p = tonumber(s[4])
+  if p and p > now and p - now <= span then
+    pausedTo = p
+  end
   if not s[2] then
     return 1, e, nil, nil
   end
   local a, d = tonumber(s[2]) / 1e6, tonumber(s[3])
-  local u = math.max(now - d, 0) / span
+  if d > now then
+    return 1, e, nil, nil -- from a clock that has stepped back
+  end
+  local u = (now - d) / span
   local f = a + u
   if law == 0 then
     f = a + u * u * u
@@ -61,23 +83,29 @@ local function fraction(span, law)
 end
 
 -- refill reads a dimension's hash: its rate and burst now (the configured
--- ones, lowered to what the provider reported, the rate times f), its
--- tokens, the time they are as of, its expiry, and whether the provider
--- reported a limit. A missing hash is full, or on a cold start holds only
--- first, the amount of the reservation that creates it.
+-- ones, lowered to what the provider reported while that counts, the rate
+-- times f), its tokens, the time they are as of, its expiry, and whether a
+-- provider's report counts. A missing hash is full, or on a cold start
+-- holds only first, the amount of the reservation that creates it.
 local function refill(key, rate, burst, f, first)
-  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b')
-  if s[4] then rate = math.min(rate, tonumber(s[4]) / 1e6) end
-  if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
+  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx')
+  local learnt = s[6] and tonumber(s[6]) > now
+  if learnt then
+    if s[4] then rate = math.min(rate, tonumber(s[4]) / 1e6) end
+    if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
+  end
   rate, burst = rate * f, burst * f
   if not s[1] then
     local tk = burst
     if cold then tk = math.min(burst, first) end
-    return rate, burst, tk, now, 0, s[4] or s[5]
+    return rate, burst, tk, now, 0, false
   end
   local ts = tonumber(s[2])
+  if ts > pausedTo then
+    ts = now
+  end
   local tk = math.min(burst, (tonumber(s[1]) + math.max(0, now - ts) * rate) / 1e6)
-  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, s[4] or s[5]
+  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt
 end
 
 -- store writes tk as of at, extending the expiry if needed.
@@ -177,7 +205,8 @@ return out
 // microseconds, the threshold, the window in microseconds, the time a
 // decreased rate must be kept to be known safe in microseconds; then for each
 // dimension key: rate, burst, the remaining the provider reported (< 0:
-// unknown), the rate and the burst it reported (0: unknown).
+// unknown), the rate and the burst it reported (0: unknown), and for how
+// long those count in microseconds.
 var observeScript = redis.NewScript(luaCommon + `
 local f, epoch, d, a = fraction(span, law)
 local nf = f
@@ -208,8 +237,15 @@ elseif ARGV[1] == '1' and tonumber(ARGV[4]) >= epoch then
   end
 end
 local pause, paused = tonumber(ARGV[5]), 0
+if pause > 0 and now + pause > pausedTo then
+  pausedTo = now + pause
+  redis.call('HSET', KEYS[1], 'p', pausedTo)
+  if redis.call('PTTL', KEYS[1]) < pause / 1000 + 1000 then
+    redis.call('PEXPIRE', KEYS[1], math.ceil(pause / 1000) + 1000)
+  end
+end
 for i = 1, #KEYS - 1 do
-  local key, o = KEYS[i+1], 5 * i + 7
+  local key, o = KEYS[i+1], 6 * i + 6
   local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
   local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
   local rate, burst, tk, at, x = refill(key, crate, cburst, f, 0)
@@ -219,13 +255,16 @@ for i = 1, #KEYS - 1 do
     tk, at = math.min(0, tk + (now + pause - at) / 1e6 * rate * nf / f), now + pause
   end
   if rem >= 0 then tk = math.min(tk, rem) end
-  if rrate > 0 then
-    redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5))
-    rate = math.min(crate, rrate) * f
-  end
-  if rburst > 0 then
-    redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5))
-    burst = math.min(cburst, rburst) * f
+  if rrate > 0 or rburst > 0 then
+    local rx = now + tonumber(ARGV[o+5])
+    if rrate > 0 then
+      redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'rx', rx)
+      rate = math.min(crate, rrate) * f
+    end
+    if rburst > 0 then
+      redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5), 'rx', rx)
+      burst = math.min(cburst, rburst) * f
+    end
   end
   store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f)
 end

@@ -75,6 +75,8 @@ func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]
 			}
 		} else if err := checkDelta(d.name, v); err != nil {
 			return nil, nil, err
+		} else {
+			v = min(v, d.limit.Burst) // a debit takes at most a burst (see Bucket.Adjust)
 		}
 		if keys == nil {
 			keys = make([]string, 0, len(s.dims)+1)
@@ -108,9 +110,18 @@ func (s *scripted) reserve(ctx context.Context, script *redis.Script, key string
 		return Reservation{}, fmt.Errorf("bucket: redis reserve: %w", err)
 	}
 	if w < 0 {
-		return Reservation{RetryAfter: time.Duration(-w) * time.Microsecond, Epoch: epoch}, nil
+		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil
 	}
-	return Reservation{OK: true, Delay: time.Duration(w) * time.Microsecond, Epoch: epoch}, nil
+	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, nil
+}
+
+// micros converts n >= 0 microseconds to a Duration, saturated at the
+// longest.
+func micros(n int64) time.Duration {
+	if n > int64(Unlimited/time.Microsecond) {
+		return Unlimited
+	}
+	return time.Duration(n) * time.Microsecond
 }
 
 // reservation reads a reserve script's reply: the wait in microseconds, or

@@ -168,7 +168,9 @@ func TestSlidingLogAdjust(t *testing.T) {
 
 	// A debit is logged now, past the burst: nothing fits until it is a
 	// window old.
-	require.NoError(t, b.Adjust(t.Context(), "k", bucket.N(7)))
+	// One debit takes at most a burst.
+	require.NoError(t, b.Adjust(t.Context(), "k", bucket.N(1e15)))
+	require.NoError(t, b.Adjust(t.Context(), "k", bucket.N(2)))
 	assert.Equal(t, bucket.Cost{bucket.Requests: -2}, winTokens(t, b, "k"))
 	assert.Equal(t, bucket.Reservation{RetryAfter: time.Minute}, winReserve(t, b, "k", bucket.N(1), 0))
 	assert.Equal(t, time.Minute+time.Second, w.mr.TTL(rk))
