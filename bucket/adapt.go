@@ -109,6 +109,14 @@ func (a *adaptation) flags() any {
 	return smallAmounts[n]
 }
 
+// flagsCold is flags with a cold start.
+func (a *adaptation) flagsCold() any {
+	if a.policy.Recovery == adaptive.Additive {
+		return smallAmounts[3]
+	}
+	return smallAmounts[2]
+}
+
 // pauseTokens returns what a dimension holds at the end of a pause of d
 // that began with tokens at rate: nothing, or the debt of the slots
 // reserved before the pause that are due after it. The slots due during the

@@ -6,9 +6,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -20,18 +22,23 @@ import (
 var ErrUnavailable = errors.New("bucket: redis unavailable")
 
 // UnavailableError reports that Redis could not serve a call: it failed
-// (connection refused or reset, the per-call timeout, LOADING, READONLY,
+// (connection refused or reset, a lost reply, the per-call timeout, LOADING,
 // CLUSTERDOWN, MASTERDOWN, TRYAGAIN, BUSY, OOM, NOREPLICAS, too many
-// clients, authentication), or the bucket's circuit breaker stopped the call
-// because Redis failed recently. Nothing was taken.
+// clients, a replica's READONLY during a failover), or the bucket's circuit
+// breaker stopped the call because Redis failed recently. Nothing was
+// taken, or (a lost reply) what was taken is lost: a call is never sent
+// twice.
 //
 // A bucket that fails closed (WithFailClosed) returns it from every method;
 // one that fails open (the default) only from Tokens.
 type UnavailableError struct {
-	Err error // Redis's error, or gobreaker.ErrOpenState or ErrTooManyRequests
+	Addr string // the client's address(es)
+	Err  error  // Redis's error, or gobreaker.ErrOpenState or ErrTooManyRequests
 }
 
-func (e *UnavailableError) Error() string { return "bucket: redis unavailable: " + e.Err.Error() }
+func (e *UnavailableError) Error() string {
+	return "bucket: redis at " + e.Addr + " unavailable: " + e.Err.Error()
+}
 
 // Is reports whether target is ErrUnavailable.
 func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailable }
@@ -39,25 +46,82 @@ func (e *UnavailableError) Is(target error) bool { return target == ErrUnavailab
 // Unwrap returns the cause.
 func (e *UnavailableError) Unwrap() error { return e.Err }
 
+// ErrMisconfigured is matched by every *ConfigError.
+var ErrMisconfigured = errors.New("bucket: redis misconfigured")
+
+// ConfigError reports a Redis that answers but cannot serve the bucket, for
+// a reason no wait cures: credentials refused (NOAUTH, WRONGPASS), a command
+// the ACL user may not run (NOPERM), a replica's address (READONLY at first
+// contact, or for 30 s on end), a command the server does not know, or a
+// maxmemory-policy that may evict the bucket's keys. Every method returns it,
+// whatever the failure policy: failing open would hide it for ever and
+// admit each process's share as if it were alone. Nothing was taken. It is
+// logged at error level too, at most every 10 s.
+type ConfigError struct {
+	Addr string // the client's address(es)
+	Err  error  // Redis's error, or what the first contact found
+}
+
+func (e *ConfigError) Error() string {
+	return "bucket: redis at " + e.Addr + " cannot serve the bucket: " + e.Err.Error() + configHint(e.Err)
+}
+
+// Is reports whether target is ErrMisconfigured.
+func (e *ConfigError) Is(target error) bool { return target == ErrMisconfigured }
+
+// Unwrap returns the cause.
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// configHint says what to do about a configuration error.
+func configHint(err error) string {
+	switch {
+	case redis.IsAuthError(err):
+		return " (check the password and user in the client's options)"
+	case redis.IsPermissionError(err):
+		return " (grant the ACL user EVALSHA, EVAL, SCRIPT LOAD and INFO)"
+	case redis.IsReadOnlyError(err):
+		return " (the address is a replica's: give the client the master's, or use a Sentinel or Cluster client)"
+	case errors.Is(err, errEviction):
+		return " (set maxmemory-policy noeviction on this server, or give sluice a Redis of its own; see WithEvictionAllowed)"
+	}
+	return ""
+}
+
+// errEviction is wrapped by the error of a server whose maxmemory-policy
+// may evict keys.
+var errEviction = errors.New("maxmemory-policy may evict the bucket's keys")
+
 // Defaults of the failure policy.
 const (
 	// defaultRedisTimeout bounds one call to Redis. A healthy Redis answers
 	// a script in well under a millisecond on a LAN, but a call also meets
 	// Redis's own stalls (a fork, an fsync: tens of milliseconds), a new
-	// connection and a script load after a restart (four round trips), and
-	// this process's stalls: GC, and the CPU throttling of a container
-	// (whole 100 ms periods). A healthy Redis taken for dead costs this
-	// process's share on top of what Redis gives for a breaker period, so
-	// the timeout stays above all those; and it is small next to the calls
-	// being throttled (an LLM call takes seconds), and only one call per
-	// breaker period pays it while Redis is down.
+	// connection (two or three round trips), and this process's stalls:
+	// GC, and the CPU throttling of a container (whole 100 ms periods). A
+	// healthy Redis taken for dead costs this process's share on top of
+	// what Redis gives for a breaker period, so the timeout stays above all
+	// those; and it is small next to the calls being throttled (an LLM call
+	// takes seconds), and only one call per breaker period pays it while
+	// Redis is down. It stretches to slowFactor times the latency Redis has
+	// shown, at most maxRedisTimeout: a slow Redis is slow, not down.
 	defaultRedisTimeout = 250 * time.Millisecond
+	slowFactor          = 8
+	maxRedisTimeout     = 5 * time.Second
+	// contactTimeout bounds the first contact with Redis (a new connection,
+	// INFO, the scripts loaded): three round trips, at 200 ms each or more.
+	contactTimeout = time.Second
 	// defaultBreakerTimeout is how long the breaker stays open before it
 	// lets one call probe Redis again: while Redis is down, one call per
 	// period pays at most one Redis timeout; once it is back, calls return
 	// to it within a period, after go-redis dials again (its pool, after
 	// PoolSize failed dials, dials only once a second).
 	defaultBreakerTimeout = 500 * time.Millisecond
+	// readOnlyGrace is how long a READONLY reply from a server that served
+	// before is taken for a failover under way, not a misconfiguration.
+	readOnlyGrace = 30 * time.Second
+	// recheckEvery is how often a configuration error is checked again, so
+	// that a fixed server is used without a restart.
+	recheckEvery = 10 * time.Second
 )
 
 // Fleet membership: every process that uses a failing-open bucket adds
@@ -75,6 +139,8 @@ type redisPolicy struct {
 	timeout    time.Duration // ≤ 0: defaultRedisTimeout
 	breaker    gobreaker.Settings
 	memberID   string // "": processID
+	evictable  bool   // WithEvictionAllowed
+	logger     *slog.Logger
 }
 
 // WithFailOpen makes a Redis-backed bucket (Redis, FixedWindow,
@@ -85,17 +151,21 @@ type redisPolicy struct {
 // worked and kept while it does not (a process that never reached Redis
 // counts itself alone). Adjust and Observe go to the share bucket too.
 // Calls go back to Redis once a probe finds it answering again (see
-// WithRedisBreaker). This is the default.
+// WithRedisBreaker). This is the default. A misconfigured Redis (see
+// ConfigError) is not unavailable: its error is returned.
 //
-// While Redis is down, the fleet admits at most Burst + Rate·T over a time
-// T, like a healthy bucket, if its size did not change. Across an outage it
-// may exceed that bound by the share buckets' Burst (they start full, while
-// the Redis bucket may have been empty); by the Redis bucket's Burst, if
-// Redis came back without its data; and, as processes go back to Redis one
-// by one within a breaker period, by their shares taken on top of Redis
-// for that long. A cost larger than the share's burst is admitted once the
-// share bucket is full, and its excess owed. A window bucket (FixedWindow,
-// SlidingLog) falls back to a token bucket of the same shape.
+// Across an outage the fleet admits at most Burst + Rate·T + Burst/n over
+// any time T, if its size did not change: each outage starts a share bucket
+// empty (what the fleet had left is not known to one process, and empty
+// never over-admits); what a process admitted on its share, up to the
+// share's burst, is debited from the Redis bucket by its first call that
+// works again (Redis refilled while the fleet spent its shares, and both
+// must not be spent); and for a window of the limit after an outage, a key
+// that Redis no longer has (it restarted empty) starts cold, as
+// adaptive.Policy.ColdStart says, not full. A cost larger than the share's
+// burst is admitted once the share bucket holds its burst, and its excess
+// owed. A window bucket (FixedWindow, SlidingLog) falls back to a token
+// bucket of the same shape, and after a restart starts its windows afresh.
 func WithFailOpen() Option {
 	return optionFunc(func(c *config) { c.redis.failClosed = false })
 }
@@ -108,8 +178,12 @@ func WithFailClosed() Option {
 }
 
 // WithRedisTimeout bounds each call a Redis-backed bucket makes to Redis to
-// d, go-redis's retries included; d ≤ 0 means 250 ms. A call that runs out
-// of time is a Redis failure; one whose own context ends first is not.
+// d, go-redis's retries included; d ≤ 0 means 250 ms. The bound stretches
+// to 8 times the latency Redis has shown of late, up to 5 s, so that a slow
+// Redis (a far region, a loaded server) is slow but correct rather than
+// taken for dead; the first contact, which opens a connection and loads the
+// scripts, has 1 s (or 4d). A call that runs out of time is a Redis failure; one
+// whose own context ends first is not.
 //
 // The bound is a context deadline. go-redis honours it when dialing and
 // waiting for a pooled connection, but on a connection's reads and writes
@@ -119,6 +193,24 @@ func WithFailClosed() Option {
 // ReadTimeout and WriteTimeout no longer than d.
 func WithRedisTimeout(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.redis.timeout = d })
+}
+
+// WithEvictionAllowed lets a Redis-backed bucket use a server whose
+// maxmemory-policy is not noeviction. By default the first contact checks
+// the policy (INFO memory) and every call fails with a *ConfigError if it
+// is anything else: a server that evicts keys under memory pressure resets
+// buckets to full, and the fleet is admitted many times its limit (sluice's
+// keys have short TTLs, so the volatile-* policies evict them first). Allow
+// it only for a server that will never reach its maxmemory.
+func WithEvictionAllowed() Option {
+	return optionFunc(func(c *config) { c.redis.evictable = true })
+}
+
+// WithLogger sets where a Redis-backed bucket logs its configuration errors
+// (at error level, at most every 10 s) and what its first contact could not
+// check (at warn level); slog.Default() by default.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) { c.redis.logger = l })
 }
 
 // WithRedisBreaker sets the circuit breaker that a Redis-backed bucket puts
@@ -143,7 +235,7 @@ var processID = func() string {
 // beatScript adds ARGV[1] to the members set KEYS[1] at the current Redis
 // TIME, drops the members not seen for ARGV[2] µs, pushes the set's expiry
 // to ARGV[3] ms from now, and replies with the number of members.
-var beatScript = redis.NewScript(`
+var beatScript = newScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
@@ -152,20 +244,35 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return redis.call('ZCARD', KEYS[1])
 `)
 
-// failover applies a Redis-backed bucket's failure policy: a timeout on
-// every call, a circuit breaker, and, failing open, the membership count
-// and this process's share bucket.
+// failover applies a Redis-backed bucket's failure policy: the first
+// contact, a timeout on every call, a circuit breaker, the errors no wait
+// cures, and, failing open, the membership count and this process's share
+// bucket.
 type failover struct {
-	rdb     redis.UniversalClient
-	open    bool // fail open
-	timeout time.Duration
-	cb      *gobreaker.TwoStepCircuitBreaker[struct{}]
-	dims    []dim
-	clock   Clock
-	local   []Option // the share bucket's, besides its limits
+	rdb       redis.UniversalClient
+	addr      string
+	open      bool // fail open
+	timeout   time.Duration
+	evictable bool
+	log       *slog.Logger
+	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
+	dims      []dim
+	clock     Clock
+	local     []Option      // the share bucket's, besides its limits
+	window    time.Duration // the limit's: how long a key starts cold after an outage
 
 	beatKeys []string
 	beatArgs []any
+
+	contact contact
+
+	latency   atomic.Int64 // of the calls that worked, smoothed, in ns
+	served    atomic.Bool  // a call has worked
+	readOnly  atomic.Int64 // when READONLY replies began, Unix ns; 0 if not
+	loggedAt  atomic.Int64 // the last configuration error logged, Unix ns
+	failing   atomic.Bool  // calls have gone to the share since the last that worked
+	coldUntil atomic.Int64 // Unix ns
+	lastSlot  atomic.Int64 // the latest slot reserved on Redis, Unix ns of clock
 
 	members  atomic.Int64 // the last count; 0 before the first
 	nextBeat atomic.Int64 // Unix ns
@@ -174,8 +281,12 @@ type failover struct {
 
 func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 	p := c.redis
-	f := &failover{rdb: rdb, open: !p.failClosed, timeout: p.timeout, dims: dims, clock: c.clock,
+	f := &failover{rdb: rdb, addr: clientAddr(rdb), open: !p.failClosed, timeout: p.timeout,
+		evictable: p.evictable, log: p.logger, dims: dims, clock: c.clock,
 		local: []Option{WithClock(c.clock), WithPolicy(c.policy)}}
+	for _, d := range dims {
+		f.window = max(f.window, ceilDuration(d.limit.Burst/d.limit.Rate))
+	}
 	if f.timeout <= 0 {
 		f.timeout = defaultRedisTimeout
 	}
@@ -206,28 +317,52 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 	return f
 }
 
+// clientAddr names the server(s) rdb talks to, for errors.
+func clientAddr(rdb redis.UniversalClient) string {
+	switch c := rdb.(type) {
+	case *redis.Client:
+		return c.Options().Addr
+	case *redis.ClusterClient:
+		return strings.Join(c.Options().Addrs, ",")
+	case *redis.Ring:
+		return strings.Join(slices.Sorted(maps.Keys(c.Options().Addrs)), ",")
+	}
+	return fmt.Sprintf("%T", rdb)
+}
+
 // errNotRedis is what the breaker is told of a call that ended for a
 // reason that says nothing about Redis: the caller's context.
 var errNotRedis = errors.New("bucket: not a Redis failure")
 
-// do makes call, one call to Redis, through the breaker and within the
-// timeout. It returns nil; an error that errors.Is ctx.Err() if the
-// caller's context ended first; call's error if it is an error reply from a
-// working Redis; or a *UnavailableError.
+// do makes call, one call to Redis, after the first contact, through the
+// breaker and within the timeout. It returns nil; an error that errors.Is
+// ctx.Err() if the caller's context ended first; a *ConfigError; call's
+// error if it is another error reply from a working Redis; or a
+// *UnavailableError.
 func (f *failover) do(ctx context.Context, call func(context.Context) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := f.contact.ready(ctx, f); err != nil {
+		return err
+	}
+	return f.call(ctx, f.callTimeout(), call)
+}
+
+// call is do without the first contact, within timeout.
+func (f *failover) call(ctx context.Context, timeout time.Duration, call func(context.Context) error) error {
 	done, err := f.cb.Allow()
 	if err != nil {
-		return &UnavailableError{Err: err}
+		return &UnavailableError{Addr: f.addr, Err: err}
 	}
-	cctx, cancel := context.WithTimeout(ctx, f.timeout)
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, timeout)
 	err = call(cctx)
 	cancel()
 	switch {
 	case err == nil:
 		done(nil)
+		f.worked(time.Since(start))
 		return nil
 	case callerDone(ctx) != nil:
 		done(errNotRedis)
@@ -236,12 +371,93 @@ func (f *failover) do(ctx context.Context, call func(context.Context) error) err
 			return err
 		}
 		return fmt.Errorf("%w (%w)", cerr, err) // e.g. an i/o timeout set from ctx
-	case !redisFailure(err):
+	}
+	if ce := f.misconfigured(err); ce != nil {
+		done(nil) // Redis answered
+		return f.logged(ce)
+	}
+	if !redisFailure(err) {
 		done(nil) // Redis answered
 		return err
 	}
 	done(err)
-	return &UnavailableError{Err: err}
+	return &UnavailableError{Addr: f.addr, Err: err}
+}
+
+// callTimeout is the bound of one call: the configured timeout, stretched
+// to slowFactor times the latency Redis has shown.
+func (f *failover) callTimeout() time.Duration {
+	return min(max(f.timeout, slowFactor*time.Duration(f.latency.Load())), maxRedisTimeout)
+}
+
+// worked records a call that Redis served in d: the latency, smoothed (up
+// at once, down by a sixteenth of the difference per call), and the end of
+// an outage, after which a key that Redis no longer has starts cold for a
+// window of the limit.
+func (f *failover) worked(d time.Duration) {
+	if old := f.latency.Load(); int64(d) > old {
+		f.latency.Store(int64(d))
+	} else {
+		f.latency.Store(old - (old-int64(d))/16)
+	}
+	if !f.served.Load() {
+		f.served.Store(true)
+	}
+	if f.readOnly.Load() != 0 {
+		f.readOnly.Store(0)
+	}
+	if f.failing.Load() && f.failing.Swap(false) {
+		f.coldUntil.Store(time.Now().Add(f.window).UnixNano())
+	}
+}
+
+// cold reports whether a key that Redis does not have should start cold:
+// during an outage (the call that ends it finds what Redis lost), and for a
+// window of the limit after it.
+func (f *failover) cold() bool {
+	if f.failing.Load() {
+		return true
+	}
+	u := f.coldUntil.Load()
+	return u != 0 && time.Now().UnixNano() < u
+}
+
+// misconfigured returns the *ConfigError that err, a failed call's, is; or
+// nil if it is not one.
+func (f *failover) misconfigured(err error) *ConfigError {
+	switch {
+	case redis.IsAuthError(err), redis.IsPermissionError(err), redis.HasErrorPrefix(err, "unknown command"):
+	case redis.IsReadOnlyError(err):
+		if f.served.Load() { // a failover under way, for a while
+			now := time.Now().UnixNano()
+			f.readOnly.CompareAndSwap(0, now)
+			if now-f.readOnly.Load() < int64(readOnlyGrace) {
+				return nil
+			}
+		}
+	default:
+		return nil
+	}
+	return &ConfigError{Addr: f.addr, Err: err}
+}
+
+// logged logs ce at error level, if no configuration error was logged in the
+// last recheckEvery, and returns it.
+func (f *failover) logged(ce *ConfigError) *ConfigError {
+	now := time.Now().UnixNano()
+	last := f.loggedAt.Load()
+	if now-last >= int64(recheckEvery) && f.loggedAt.CompareAndSwap(last, now) {
+		f.logger().LogAttrs(context.Background(), slog.LevelError, "sluice: redis cannot serve the bucket",
+			slog.String("addr", ce.Addr), slog.String("err", ce.Error()))
+	}
+	return ce
+}
+
+func (f *failover) logger() *slog.Logger {
+	if f.log != nil {
+		return f.log
+	}
+	return slog.Default()
 }
 
 // callerDone returns ctx's error, or context.DeadlineExceeded once its
@@ -258,10 +474,11 @@ func callerDone(ctx context.Context) error {
 }
 
 // redisFailure reports whether err, from a call whose context is still
-// live, means that Redis cannot serve: anything but an error reply, and the
-// error replies of a server that is loading, read-only, failing over, out
-// of memory, busy, full or refusing our credentials. Other replies (a
-// script error, CROSSSLOT) come from a working Redis and are bugs to show.
+// live and that is not a configuration error, means that Redis cannot
+// serve: anything but an error reply, and the error replies of a server
+// that is loading, read-only (failing over), out of memory, busy or full.
+// Other replies (a script error, CROSSSLOT) come from a working Redis and
+// are bugs to show.
 func redisFailure(err error) bool {
 	var re redis.Error
 	if !errors.As(err, &re) {
@@ -269,8 +486,7 @@ func redisFailure(err error) bool {
 	}
 	return redis.IsLoadingError(err) || redis.IsReadOnlyError(err) || redis.IsClusterDownError(err) ||
 		redis.IsMasterDownError(err) || redis.IsTryAgainError(err) || redis.IsOOMError(err) ||
-		redis.IsNoReplicasError(err) || redis.IsMaxClientsError(err) || redis.IsAuthError(err) ||
-		redis.HasErrorPrefix(err, "BUSY ")
+		redis.IsNoReplicasError(err) || redis.IsMaxClientsError(err) || redis.HasErrorPrefix(err, "BUSY ")
 }
 
 // beat counts the fleet, if this bucket fails open and the last count is
@@ -285,9 +501,9 @@ func (f *failover) beat(ctx context.Context) {
 		return
 	}
 	var n int64
-	err := f.do(ctx, func(ctx context.Context) error {
+	err := f.call(ctx, f.callTimeout(), func(ctx context.Context) error {
 		var err error
-		n, err = beatScript.Run(ctx, f.rdb, f.beatKeys, f.beatArgs...).Int64()
+		n, err = beatScript.run(ctx, f.rdb, f.beatKeys, f.beatArgs...).Int64()
 		return err
 	})
 	if err == nil && n > 0 {
@@ -295,76 +511,13 @@ func (f *failover) beat(ctx context.Context) {
 	}
 }
 
-// fallback returns the share bucket that takes a call which failed with
-// err, if the bucket fails open and err is a *UnavailableError; else nil.
-func (f *failover) fallback(err error) *share {
-	if !f.open {
-		return nil
-	}
-	var ue *UnavailableError
-	if !errors.As(err, &ue) {
-		return nil
-	}
-	n := max(f.members.Load(), 1)
-	old := f.share.Load()
-	if old != nil && old.members == n {
-		return old
-	}
-	sh := newShare(f.dims, n, f.local)
-	if !f.share.CompareAndSwap(old, sh) {
-		return f.share.Load()
-	}
-	return sh
-}
-
-// share is this process's share of a bucket's limits, when the fleet has
-// members processes.
-type share struct {
-	members int64
-	local   *Local
-}
-
-// newShare returns the share of a bucket with dims for one of n members,
-// a Local bucket made with opts.
-func newShare(dims []dim, n int64, opts []Option) *share {
-	part := func(l Limit) Limit { return Limit{Rate: l.Rate / float64(n), Burst: l.Burst / float64(n)} }
-	opts = slices.Clip(opts)
-	for _, d := range dims { // Requests too, replacing NewLocal's first argument
-		opts = append(opts, WithLimit(d.name, part(d.limit)))
-	}
-	return &share{members: n, local: NewLocal(part(dims[0].limit), opts...)}
-}
-
-// reserve is Reserve on the share bucket. An amount larger than the share's
-// burst (but not the bucket's, which the caller checked) is reserved as the
-// burst, and the rest debited once that is granted.
-func (s *share) reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
-	var clipped, excess Cost
-	for _, d := range s.local.dims {
-		if v := cost[d.name]; v > d.limit.Burst {
-			if clipped == nil {
-				clipped, excess = maps.Clone(cost), Cost{}
-			}
-			clipped[d.name], excess[d.name] = d.limit.Burst, v-d.limit.Burst
-		}
-	}
-	if clipped == nil {
-		return s.local.Reserve(ctx, key, cost, maxWait)
-	}
-	r, err := s.local.Reserve(ctx, key, clipped, maxWait)
-	if err != nil || !r.OK {
-		return r, err
-	}
-	return r, s.local.Adjust(ctx, key, excess)
-}
-
 // run runs script on Redis through the failure policy (see failover.do);
 // when that fails, the Cmd's error is do's. After a call that worked, it
 // counts the fleet if that is due.
-func (s *scripted) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+func (s *scripted) run(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
 	var cmd *redis.Cmd
 	err := s.fo.do(ctx, func(ctx context.Context) error {
-		cmd = script.Run(ctx, s.rdb, keys, args...)
+		cmd = script.run(ctx, s.rdb, keys, args...)
 		return cmd.Err()
 	})
 	if cmd == nil {

@@ -1,7 +1,5 @@
 package bucket
 
-import "github.com/redis/go-redis/v9"
-
 // The fixed-window scripts keep one HASH per key and dimension: field = the
 // window's number, floor(time / window), value = the cost counted in it.
 // Times are integer microseconds of Redis TIME, exact in a Lua double, and
@@ -33,7 +31,7 @@ local now = t[1] * 1000000 + t[2]
 // opens within ARGV[1] microseconds: all or nothing. It returns the wait in
 // microseconds (0 for the current window, else the time until the window
 // opens), negated if nothing was taken.
-var fixedReserveScript = redis.NewScript(fixedWindowIndex + `
+var fixedReserveScript = newScript(fixedWindowIndex + `
 local n = #KEYS
 local win, burst, cost, count, old = {}, {}, {}, {}, {}
 for i = 1, n do
@@ -91,7 +89,7 @@ return wait
 // fixedAdjustScript adds each KEYS[i]'s amount to the current window; a
 // negative amount is taken off the latest windows first, down to the
 // current one, never below zero. ARGV has only the triples.
-var fixedAdjustScript = redis.NewScript(fixedWindowIndex + `
+var fixedAdjustScript = newScript(fixedWindowIndex + `
 for i, key in ipairs(KEYS) do
   local w, delta = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i])
   local cur = index(now, w)
@@ -145,7 +143,7 @@ return 1
 // fixedTokensScript returns what is left of each KEYS[i]'s current window,
 // burst minus its count, as strings, changing nothing. ARGV has only the
 // triples; the amounts are unused.
-var fixedTokensScript = redis.NewScript(fixedWindowIndex + `
+var fixedTokensScript = newScript(fixedWindowIndex + `
 local out = {}
 for i, key in ipairs(KEYS) do
   local w, burst = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1])

@@ -16,6 +16,8 @@ type Local struct {
 	dims  []dim
 	clock Clock
 	adapt adaptation
+	empty bool      // keys start empty (a share bucket)
+	from  time.Time // and not before
 
 	mu      sync.Mutex
 	keys    map[string]*localKey
@@ -45,7 +47,7 @@ var _ Bucket = (*Local)(nil)
 // a limit is invalid.
 func NewLocal(limit Limit, opts ...Option) *Local {
 	c, dims := newConfig(limit, opts)
-	return &Local{dims: dims, clock: c.clock, adapt: newAdaptation(c.policy, dims),
+	return &Local{dims: dims, clock: c.clock, adapt: newAdaptation(c.policy, dims), empty: c.empty, from: c.emptyUntil,
 		keys: make(map[string]*localKey), sweepAt: minSweep}
 }
 
@@ -268,10 +270,17 @@ func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 	if !ok {
 		l.sweep(now)
 		k = &localKey{tokens: make([]float64, len(l.dims)), last: now}
+		if l.empty && l.from.After(now) {
+			k.last = l.from
+		}
 		for i, d := range l.dims {
-			k.tokens[i] = d.limit.Burst
-			if l.adapt.policy.ColdStart {
+			switch {
+			case l.empty:
+				k.tokens[i] = 0
+			case l.adapt.policy.ColdStart:
 				k.tokens[i] = min(d.limit.Burst, first[d.name])
+			default:
+				k.tokens[i] = d.limit.Burst
 			}
 		}
 		l.keys[key] = k

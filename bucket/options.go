@@ -20,6 +20,9 @@ type config struct {
 	prefix string
 	policy adaptive.Policy
 	redis  redisPolicy // failover.go
+	// Local: keys start empty, not before emptyUntil (share.go)
+	empty      bool
+	emptyUntil time.Time
 }
 
 // Clock tells the time. The Local backend reads it; Redis backends use the

@@ -29,6 +29,7 @@ var _ Bucket = (*Redis)(nil)
 func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r := &Redis{scripted: newScripted(rdb, limit, opts, "", func(l Limit) any { return scriptArg(l.Rate) })}
 	r.state = true
+	r.self = r
 	r.adapt = newAdaptation(r.policy, r.dims)
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	return r
@@ -37,12 +38,21 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 // Reserve implements Bucket with one call to Redis (or none, if cost charges
 // no limited dimension).
 func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
-	return r.reserve(ctx, reserveScript, key, cost, maxWait, r.span, r.adapt.flags())
+	return r.reserve(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
 }
 
 // Adjust implements Bucket with one call to Redis.
 func (r *Redis) Adjust(ctx context.Context, key string, delta Cost) error {
-	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0], r.span, r.adapt.flags())
+	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0], r.span, r.flags())
+}
+
+// flags are the law's flags, with a cold start for keys that Redis does
+// not have during an outage and just after (see WithFailOpen).
+func (r *Redis) flags() any {
+	if r.fo.cold() {
+		return r.adapt.flagsCold()
+	}
+	return r.adapt.flags()
 }
 
 // Tokens returns the tokens key has now in each dimension; negative amounts

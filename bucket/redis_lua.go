@@ -1,7 +1,5 @@
 package bucket
 
-import "github.com/redis/go-redis/v9"
-
 // The token bucket scripts keep one HASH per key and dimension:
 //
 //	t   tokens in millionths (an integer), negative while in debt
@@ -139,7 +137,7 @@ end
 // taken within ARGV[1] microseconds, all or nothing. It returns the wait in
 // microseconds (0 if the tokens were there), negated if nothing was taken
 // (a refused wait is always > 0), and the key's epoch, if not 0.
-var reserveScript = redis.NewScript(luaCommon + `
+var reserveScript = newScript(luaCommon + `
 local f, epoch = fraction(span, law)
 local st, wait = {}, 0
 for i = 1, #KEYS - 1 do
@@ -167,7 +165,7 @@ return {wait, epoch}
 
 // adjustScript refills each dimension key, then subtracts its amount (a
 // negative amount refunds, never above burst). ARGV[1] is unused.
-var adjustScript = redis.NewScript(luaCommon + `
+var adjustScript = newScript(luaCommon + `
 local f = fraction(span, law)
 for i = 1, #KEYS - 1 do
   local key = KEYS[i+1]
@@ -187,7 +185,7 @@ return 1
 
 // tokensScript returns each dimension key's tokens now (as of the end of a
 // pause), as strings, changing nothing. ARGV[1] and the amounts are unused.
-var tokensScript = redis.NewScript(luaCommon + `
+var tokensScript = newScript(luaCommon + `
 local f = fraction(span, law)
 local out = {}
 for i = 1, #KEYS - 1 do
@@ -207,7 +205,7 @@ return out
 // dimension key: rate, burst, the remaining the provider reported (< 0:
 // unknown), the rate and the burst it reported (0: unknown), and for how
 // long those count in microseconds.
-var observeScript = redis.NewScript(luaCommon + `
+var observeScript = newScript(luaCommon + `
 local f, epoch, d, a = fraction(span, law)
 local nf = f
 if ARGV[1] == '2' then

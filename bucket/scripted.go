@@ -25,6 +25,7 @@ type scripted struct {
 	state  bool   // the scripts' KEYS[1] is the key's adaptive state
 	policy adaptive.Policy
 	fo     *failover
+	self   Bucket // the backend, for the debts of failing open
 }
 
 func newScripted(rdb redis.UniversalClient, limit Limit, opts []Option, suffix string, param func(Limit) any) scripted {
@@ -96,7 +97,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]
 // reserve runs a reserve script, whose ARGV are maxWait in microseconds,
 // extra, then the triples of prepare. The script replies with the wait in
 // microseconds, negated if it took nothing (a refused wait is always > 0).
-func (s *scripted) reserve(ctx context.Context, script *redis.Script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, error) {
+func (s *scripted) reserve(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, error) {
 	head := append([]any{scriptArg(float64(max(maxWait, 0).Microseconds()))}, extra...)
 	keys, args, err := s.prepare(key, cost, true, head...)
 	if err != nil || len(keys) == 0 {
@@ -109,6 +110,10 @@ func (s *scripted) reserve(ctx context.Context, script *redis.Script, key string
 		}
 		return Reservation{}, fmt.Errorf("bucket: redis reserve: %w", err)
 	}
+	if w > 0 {
+		s.fo.slot(s.fo.clock.Now().Add(micros(w)))
+	}
+	s.fo.settle(ctx, s.self, key)
 	if w < 0 {
 		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil
 	}
@@ -148,14 +153,14 @@ func reservation(cmd *redis.Cmd) (w int64, epoch uint64, err error) {
 
 // adjust runs an adjust script, whose ARGV are head, then the triples of
 // prepare.
-func (s *scripted) adjust(ctx context.Context, script *redis.Script, key string, delta Cost, head ...any) error {
+func (s *scripted) adjust(ctx context.Context, script *script, key string, delta Cost, head ...any) error {
 	keys, args, err := s.prepare(key, delta, false, head...)
 	if err != nil || len(keys) == 0 {
 		return err
 	}
 	if err := s.run(ctx, script, keys, args...).Err(); err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
-			return sh.local.Adjust(ctx, key, delta)
+			return sh.adjust(ctx, key, delta)
 		}
 		return fmt.Errorf("bucket: redis adjust: %w", err)
 	}
@@ -165,7 +170,7 @@ func (s *scripted) adjust(ctx context.Context, script *redis.Script, key string,
 // tokens runs a tokens script over every dimension. Its ARGV are head, then
 // the triples of prepare with amount 0, and it replies with each key's
 // tokens or remaining allowance as a string.
-func (s *scripted) tokens(ctx context.Context, script *redis.Script, key string, head ...any) (Cost, error) {
+func (s *scripted) tokens(ctx context.Context, script *script, key string, head ...any) (Cost, error) {
 	if key == "" {
 		return nil, ErrInvalidKey
 	}

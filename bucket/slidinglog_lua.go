@@ -1,7 +1,5 @@
 package bucket
 
-import "github.com/redis/go-redis/v9"
-
 // The sliding-log scripts keep one SORTED SET per key and dimension: one
 // entry per admission, scored by its moment in integer microseconds of Redis
 // TIME (exact in a double, written with %d since tostring keeps only 14
@@ -47,7 +45,7 @@ end
 // With entries all in the past the moment is also the earliest possible;
 // entries reserved in the future are counted as if present, which only
 // queues later callers behind them.
-var slidingReserveScript = redis.NewScript(slidingLogHead + `
+var slidingReserveScript = newScript(slidingLogHead + `
 local at = now
 local last = {}
 for i, key in ipairs(KEYS) do
@@ -85,7 +83,7 @@ return wait
 // slidingAdjustScript adds an entry for each KEYS[i]'s amount at now, id
 // ARGV[1]; a negative amount is taken off the newest entries first,
 // shrinking the last one it reaches. It returns 1.
-var slidingAdjustScript = redis.NewScript(slidingLogHead + `
+var slidingAdjustScript = newScript(slidingLogHead + `
 for i, key in ipairs(KEYS) do
   local w, delta = tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i+1])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - w))
@@ -117,7 +115,7 @@ return 1
 // slidingTokensScript returns each KEYS[i]'s burst minus the amounts of its
 // entries that count now (future ones included), as strings, changing
 // nothing. ARGV has only the triples; the amounts are unused.
-var slidingTokensScript = redis.NewScript(slidingLogHead + `
+var slidingTokensScript = newScript(slidingLogHead + `
 local out = {}
 for i, key in ipairs(KEYS) do
   local w, burst = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1])

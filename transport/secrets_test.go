@@ -106,7 +106,7 @@ func TestSecretsNotInBucketFailures(t *testing.T) {
 	}
 	require.Len(t, errs, 2, "failing closed, both requests fail; failing open, none")
 	for _, e := range errs {
-		assert.Contains(t, e, "redis unavailable")
+		assert.Contains(t, e, " unavailable: ")
 	}
 	metrics := fmt.Sprint(collect(t, reader))
 	for h, v := range credentialHeaders {

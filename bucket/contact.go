@@ -1,0 +1,137 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// contact is a bucket's first contact with Redis, made before its first
+// call and again while it finds a configuration error: it opens a
+// connection (several round trips, which a slow Redis must not be taken
+// for dead over), measures the latency, checks maxmemory-policy, and loads
+// the scripts, so that the first calls do not pay for EVAL's script text.
+type contact struct {
+	done   atomic.Bool // made, nothing wrong found
+	failed atomic.Bool // the last try found Redis unavailable
+
+	mu  sync.Mutex   // held while one is made
+	err *ConfigError // what was wrong, if anything
+	at  time.Time    // when err was found
+}
+
+// errContacting is the cause of the *UnavailableError of a call that found
+// another one making the contact, after a contact that failed.
+var errContacting = errors.New("first contact under way")
+
+// ready makes the first contact if it is due, and returns the configuration
+// error it found, if any; an *UnavailableError if Redis could not be
+// reached (the contact is made again by a later call). Calls wait for a
+// contact made by another, but once one has failed, they do not: Redis may
+// be frozen, and each would wait out the contact's timeout.
+func (c *contact) ready(ctx context.Context, f *failover) error {
+	if c.done.Load() {
+		return nil
+	}
+	if !c.failed.Load() {
+		c.mu.Lock()
+	} else if !c.mu.TryLock() {
+		return &UnavailableError{Addr: f.addr, Err: errContacting}
+	}
+	defer c.mu.Unlock()
+	if c.done.Load() {
+		return nil
+	}
+	if c.err != nil && time.Since(c.at) < recheckEvery {
+		return c.err
+	}
+	start := time.Now()
+	err := f.call(ctx, max(contactTimeout, 4*f.timeout), func(ctx context.Context) error {
+		return f.forEachServer(ctx, func(ctx context.Context, rdb redis.UniversalClient) error {
+			return f.check(ctx, rdb)
+		})
+	})
+	var ce *ConfigError
+	switch {
+	case err == nil:
+		c.err = nil
+		f.latency.Store(int64(time.Since(start)))
+		c.done.Store(true)
+	case errors.As(err, &ce):
+		c.err, c.at = ce, time.Now()
+	case errors.Is(err, ErrUnavailable):
+		c.failed.Store(true)
+	}
+	return err
+}
+
+// forEachServer runs fn on every master of a Cluster, or on rdb.
+func (f *failover) forEachServer(ctx context.Context, fn func(context.Context, redis.UniversalClient) error) error {
+	if cc, ok := f.rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return fn(ctx, c) })
+	}
+	return fn(ctx, f.rdb)
+}
+
+// check reads one server's maxmemory-policy and loads the scripts on it,
+// in one round trip.
+func (f *failover) check(ctx context.Context, rdb redis.UniversalClient) error {
+	pipe := rdb.Pipeline()
+	info := pipe.Info(ctx, "memory")
+	loads := make([]*redis.StringCmd, len(scripts))
+	for i, s := range scripts {
+		loads[i] = pipe.ScriptLoad(ctx, s.src)
+	}
+	_, _ = pipe.Exec(ctx)
+	for _, cmd := range append([]redis.Cmder{info}, cmdersOf(loads)...) {
+		err := cmd.Err()
+		if err == nil {
+			continue
+		}
+		if redisFailure(err) {
+			return err
+		}
+		// Not allowed to look, or to load (EVAL will tell if it cannot run
+		// the scripts either); or a server that does not know the command
+		// (miniredis has no INFO memory).
+		level := slog.LevelDebug
+		if redis.IsPermissionError(err) {
+			level = slog.LevelWarn
+		}
+		f.logger().LogAttrs(ctx, level, "sluice: redis first contact could not check",
+			slog.String("addr", f.addr), slog.String("command", cmd.Name()), slog.String("err", err.Error()))
+	}
+	if info.Err() != nil || f.evictable {
+		return nil
+	}
+	if p := infoField(info.Val(), "maxmemory_policy"); p != "" && p != "noeviction" {
+		return &ConfigError{Addr: f.addr, Err: fmt.Errorf("%w: it is %s", errEviction, p)}
+	}
+	return nil
+}
+
+// cmdersOf returns cmds as Cmders.
+func cmdersOf(cmds []*redis.StringCmd) []redis.Cmder {
+	out := make([]redis.Cmder, len(cmds))
+	for i, c := range cmds {
+		out[i] = c
+	}
+	return out
+}
+
+// infoField returns the value of field in an INFO reply, "" if it has none.
+func infoField(info, field string) string {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), field+":"); ok {
+			return v
+		}
+	}
+	return ""
+}

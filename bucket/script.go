@@ -1,0 +1,53 @@
+package bucket
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// script is a Lua script that runs at most once per call: by EVALSHA, or
+// by EVAL when the server does not have it (NOSCRIPT: it did not run). A
+// call is never retried after its command was sent: go-redis replays a
+// command whose reply was lost to a broken connection, and a script that
+// ran but whose reply was lost would take or refund twice. Such a call
+// fails instead, as a Redis failure.
+type script struct {
+	src, hash string
+}
+
+// scripts are every script of the package, loaded at first contact.
+var scripts []*script
+
+func newScript(src string) *script {
+	sum := sha1.Sum([]byte(src))
+	s := &script{src: src, hash: hex.EncodeToString(sum[:])}
+	scripts = append(scripts, s)
+	return s
+}
+
+// onceCmd is a command that go-redis must not send again once it was sent.
+type onceCmd struct{ *redis.Cmd }
+
+func (onceCmd) NoRetry() bool { return true }
+
+// run runs s with keys and args on rdb.
+func (s *script) run(ctx context.Context, rdb redis.UniversalClient, keys []string, args ...any) *redis.Cmd {
+	argv := make([]any, 0, 3+len(keys)+len(args))
+	argv = append(argv, "evalsha", s.hash, len(keys))
+	for _, k := range keys {
+		argv = append(argv, k)
+	}
+	argv = append(argv, args...)
+	cmd := redis.NewCmd(ctx, argv...)
+	_ = rdb.Process(ctx, onceCmd{cmd})
+	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		return cmd
+	}
+	argv[0], argv[1] = "eval", s.src
+	cmd = redis.NewCmd(ctx, argv...)
+	_ = rdb.Process(ctx, onceCmd{cmd})
+	return cmd
+}
