@@ -732,11 +732,17 @@ func (run *restartRun) report() string {
 		}
 	}
 	carried, carriedEnd := 0, int64(firstBack)
-	for _, s := range run.slots {
-		if b, ok := backAt[s.Worker]; ok && s.Share && s.Err == "" && s.Due >= b {
-			carried++
-			carriedEnd = max(carriedEnd, s.Due)
+	carriedBy := make([]string, restartProcs)
+	for w := range carriedBy {
+		k := 0
+		for _, s := range run.slots {
+			if b, ok := backAt[s.Worker]; ok && s.Worker == w+1 && s.Share && s.Err == "" && s.Due >= b {
+				k++
+				carriedEnd = max(carriedEnd, s.Due)
+			}
 		}
+		carried += k
+		carriedBy[w] = strconv.Itoa(k)
 	}
 	fresh, freshAtOnce := 0, 0
 	for _, s := range run.slots {
@@ -752,8 +758,8 @@ func (run *restartRun) report() string {
 		fmt.Fprintf(&sb, "first reading %.1f tokens at %.2fs (key exists: %v); ", after.Tokens, after.At.Seconds(), after.Exists)
 	}
 	if firstBack >= 0 {
-		fmt.Fprintf(&sb, "workers back on Redis %.2fs-%.2fs with %d share slots still to come, due until %.2fs; %d Redis slots due before then (%d granted at once); in [%.2fs, %.2fs): %s (the limit allows %.0f)\n",
-			time.Duration(firstBack).Seconds(), time.Duration(lastBack).Seconds(), carried, time.Duration(carriedEnd).Seconds(),
+		fmt.Fprintf(&sb, "workers back on Redis %.2fs-%.2fs with %d share slots still to come (by worker: %s), due until %.2fs; %d Redis slots due before then (%d granted at once); in [%.2fs, %.2fs): %s (the limit allows %.0f)\n",
+			time.Duration(firstBack).Seconds(), time.Duration(lastBack).Seconds(), carried, strings.Join(carriedBy, "+"), time.Duration(carriedEnd).Seconds(),
 			fresh, freshAtOnce, time.Duration(firstBack).Seconds(), time.Duration(carriedEnd).Seconds(),
 			run.tally(time.Duration(firstBack), time.Duration(carriedEnd)), time.Duration(carriedEnd-firstBack).Seconds()*restartRate)
 	} else {
