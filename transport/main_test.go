@@ -16,5 +16,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(adaptiveWorkerEnv) != "" { // TestAdaptiveFleet's
 		os.Exit(adaptiveWorker())
 	}
+	if os.Getenv(restartWorkerEnv) != "" { // TestFleetRedisRestart's
+		os.Exit(restartWorker())
+	}
 	redistest.Main(m)
 }
