@@ -80,50 +80,53 @@ func (f *failover) forEachServer(ctx context.Context, fn func(context.Context, r
 	return fn(ctx, f.rdb)
 }
 
-// check reads one server's maxmemory-policy and loads the scripts on it,
-// in one round trip.
+// check reads one server's maxmemory-policy, then loads the scripts on it:
+// two round trips (a server that wants a password closes the connection of
+// a client that sends it a long command before it).
 func (f *failover) check(ctx context.Context, rdb redis.UniversalClient) error {
+	info := rdb.Info(ctx, "memory")
+	if err := f.checked(ctx, info); err != nil {
+		return err
+	}
+	if info.Err() == nil && !f.evictable {
+		if p := infoField(info.Val(), "maxmemory_policy"); p != "" && p != "noeviction" {
+			return &ConfigError{Addr: f.addr, Err: fmt.Errorf("%w: it is %s", errEviction, p)}
+		}
+	}
 	pipe := rdb.Pipeline()
-	info := pipe.Info(ctx, "memory")
 	loads := make([]*redis.StringCmd, len(scripts))
 	for i, s := range scripts {
 		loads[i] = pipe.ScriptLoad(ctx, s.src)
 	}
 	_, _ = pipe.Exec(ctx)
-	for _, cmd := range append([]redis.Cmder{info}, cmdersOf(loads)...) {
-		err := cmd.Err()
-		if err == nil {
-			continue
-		}
-		if redisFailure(err) {
+	for _, cmd := range loads {
+		if err := f.checked(ctx, cmd); err != nil {
 			return err
 		}
-		// Not allowed to look, or to load (EVAL will tell if it cannot run
-		// the scripts either); or a server that does not know the command
-		// (miniredis has no INFO memory).
-		level := slog.LevelDebug
-		if redis.IsPermissionError(err) {
-			level = slog.LevelWarn
-		}
-		f.logger().LogAttrs(ctx, level, "sluice: redis first contact could not check",
-			slog.String("addr", f.addr), slog.String("command", cmd.Name()), slog.String("err", err.Error()))
-	}
-	if info.Err() != nil || f.evictable {
-		return nil
-	}
-	if p := infoField(info.Val(), "maxmemory_policy"); p != "" && p != "noeviction" {
-		return &ConfigError{Addr: f.addr, Err: fmt.Errorf("%w: it is %s", errEviction, p)}
 	}
 	return nil
 }
 
-// cmdersOf returns cmds as Cmders.
-func cmdersOf(cmds []*redis.StringCmd) []redis.Cmder {
-	out := make([]redis.Cmder, len(cmds))
-	for i, c := range cmds {
-		out[i] = c
+// checked returns cmd's error if it is a failure or a configuration error;
+// else, if it failed, it logs that the contact could not check what cmd
+// would have: it is not allowed to look, or to load (EVAL will tell if it
+// cannot run the scripts either), or the server does not know the command
+// (miniredis has no INFO memory).
+func (f *failover) checked(ctx context.Context, cmd redis.Cmder) error {
+	err := cmd.Err()
+	if err == nil {
+		return nil
 	}
-	return out
+	if redisFailure(err) || redis.IsAuthError(err) {
+		return err
+	}
+	level := slog.LevelDebug
+	if redis.IsPermissionError(err) {
+		level = slog.LevelWarn
+	}
+	f.logger().LogAttrs(ctx, level, "sluice: redis first contact could not check",
+		slog.String("addr", f.addr), slog.String("command", cmd.Name()), slog.String("err", err.Error()))
+	return nil
 }
 
 // infoField returns the value of field in an INFO reply, "" if it has none.

@@ -108,8 +108,8 @@ const (
 	slowFactor          = 8
 	maxRedisTimeout     = 5 * time.Second
 	// contactTimeout bounds the first contact with Redis (a new connection,
-	// INFO, the scripts loaded): three round trips, at 200 ms each or more.
-	contactTimeout = time.Second
+	// INFO, the scripts loaded): four round trips, at 400 ms each or more.
+	contactTimeout = 2 * time.Second
 	// defaultBreakerTimeout is how long the breaker stays open before it
 	// lets one call probe Redis again: while Redis is down, one call per
 	// period pays at most one Redis timeout; once it is back, calls return
@@ -182,7 +182,7 @@ func WithFailClosed() Option {
 // to 8 times the latency Redis has shown of late, up to 5 s, so that a slow
 // Redis (a far region, a loaded server) is slow but correct rather than
 // taken for dead; the first contact, which opens a connection and loads the
-// scripts, has 1 s (or 4d). A call that runs out of time is a Redis failure; one
+// scripts, has 2 s (or 4d). A call that runs out of time is a Redis failure; one
 // whose own context ends first is not.
 //
 // The bound is a context deadline. go-redis honours it when dialing and
@@ -267,7 +267,7 @@ type failover struct {
 	contact contact
 
 	latency   atomic.Int64 // of the calls that worked, smoothed, in ns
-	served    atomic.Bool  // a call has worked
+	served    atomic.Bool  // a script has run
 	readOnly  atomic.Int64 // when READONLY replies began, Unix ns; 0 if not
 	loggedAt  atomic.Int64 // the last configuration error logged, Unix ns
 	failing   atomic.Bool  // calls have gone to the share since the last that worked
@@ -372,7 +372,11 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 		}
 		return fmt.Errorf("%w (%w)", cerr, err) // e.g. an i/o timeout set from ctx
 	}
-	if ce := f.misconfigured(err); ce != nil {
+	ce, ok := err.(*ConfigError) // found by the first contact
+	if !ok {
+		ce = f.misconfigured(err)
+	}
+	if ce != nil {
 		done(nil) // Redis answered
 		return f.logged(ce)
 	}
@@ -399,9 +403,6 @@ func (f *failover) worked(d time.Duration) {
 		f.latency.Store(int64(d))
 	} else {
 		f.latency.Store(old - (old-int64(d))/16)
-	}
-	if !f.served.Load() {
-		f.served.Store(true)
 	}
 	if f.readOnly.Load() != 0 {
 		f.readOnly.Store(0)
@@ -526,6 +527,9 @@ func (s *scripted) run(ctx context.Context, script *script, keys []string, args 
 	if err != nil {
 		cmd.SetErr(err)
 		return cmd
+	}
+	if !s.fo.served.Load() {
+		s.fo.served.Store(true) // a READONLY from now on may be a failover
 	}
 	s.fo.beat(ctx)
 	return cmd

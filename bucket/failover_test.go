@@ -243,7 +243,7 @@ func (s *stateLog) get() []string {
 func TestBreakerBoundsOutageCost(t *testing.T) {
 	verifyNoLeaks(t)
 	fake := startFakeRedis(t, "")
-	const timeout, period, contact = 50 * time.Millisecond, 300 * time.Millisecond, time.Second
+	const timeout, period, contact = 50 * time.Millisecond, 300 * time.Millisecond, 2 * time.Second
 	var states stateLog
 	b := bucket.NewRedis(fastClient(t, fake.addr), bucket.PerSecond(1000),
 		bucket.WithRedisTimeout(timeout),
