@@ -366,9 +366,8 @@ type restartRun struct {
 // and restarted empty: 300/300 ok and at most 5% of requests answered 429,
 // in five runs out of five." The processes share one Redis bucket at the
 // server's limit and fail open (the default) to their share of it while
-// Redis is down. With SLUICE_RESTART_ASSERT=1 it asserts the issue's
-// targets; without, it reports the figures and the timeline, and checks
-// only that the fleet ran and made its calls.
+// Redis is down. It asserts the issue's targets and reports the figures
+// and the timeline.
 func TestFleetRedisRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the restart fleet test takes about 20s")
