@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,6 +52,7 @@ const (
 	matrixGoroutines = 8
 	matrixDuration   = 6 * time.Second
 	matrixMid        = 2 * time.Second // when a mid-run fault strikes
+	matrixGrace      = 2 * time.Second // how long a Wait may outlast the run
 )
 
 var matrixLimit = bucket.Limit{Rate: 50, Burst: 50}
@@ -280,6 +282,10 @@ func matrixWork(spec matrixSpec) matrixResult {
 	}
 	sleepUntil(spec.Start)
 	end := spec.Start.Add(spec.Duration)
+	// A Wait may not outlast the run by more than matrixGrace: a slot
+	// further away fails at once (ErrDeadline), and counts as lost.
+	ctx, cancel := context.WithDeadline(ctx, end.Add(matrixGrace))
+	defer cancel()
 	var mu sync.Mutex
 	res.Errors = map[string]int{}
 	var wg sync.WaitGroup
@@ -298,7 +304,7 @@ func matrixWork(spec matrixSpec) matrixResult {
 					if errors.Is(err, bucket.ErrUnavailable) {
 						r.Unavailable++
 					}
-					errs[err.Error()]++
+					errs[errorKind(err)]++
 					time.Sleep(10 * time.Millisecond) // errors may come at once
 					continue
 				}
@@ -428,7 +434,11 @@ func runMatrixRow(t *testing.T, l matrixLine) matrixLine {
 		raw, err := json.Marshal(s)
 		require.NoError(t, err)
 		wg.Go(func() {
-			cmd := exec.Command(os.Args[0], "-test.run=^TestFaultMatrixWorker$")
+			// A worker ends by the run's end and its grace; kill one that
+			// hangs, so that one row cannot hold up the matrix.
+			ctx, cancel := context.WithDeadline(context.Background(), spec.Start.Add(spec.Duration+matrixGrace+20*time.Second))
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestFaultMatrixWorker$")
 			cmd.Env = append(os.Environ(), matrixWorkerEnv+"="+string(raw))
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
@@ -526,6 +536,13 @@ func matrixTableLine(l matrixLine) string {
 		r.SlowestWait.Round(time.Millisecond), r.SlowestReserve.Round(time.Millisecond), n,
 		strings.ReplaceAll(strings.Join(notes, "; "), "|", "/"))
 }
+
+// number matches the numbers and durations in an error message.
+var number = regexp.MustCompile(`(\d+(\.\d+)?(ns|µs|ms|h|m|s)?)+`)
+
+// errorKind is err's message with its numbers replaced by N, to count
+// errors of one kind together.
+func errorKind(err error) string { return number.ReplaceAllString(err.Error(), "N") }
 
 // short trims an error message for the table.
 func short(s string) string {

@@ -82,6 +82,7 @@ func (s *Server) start(bin string, extra []string) error {
 	if s.env != nil {
 		cmd.Env = append(os.Environ(), s.env...)
 	}
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return fmt.Errorf("redistest: start redis-server: %w", err)
