@@ -359,7 +359,8 @@ type matrixLine struct {
 	row        matrixRow
 	failClosed bool
 	res        matrixResult
-	span       time.Duration
+	span       time.Duration // from the first admission to the later of the last and the run's end
+	scripts    int64         // script calls the upstream ran (-1: unknown)
 	dropped    int64
 	notes      []string
 }
@@ -461,11 +462,40 @@ func runMatrixRow(t *testing.T, l matrixLine) matrixLine {
 		l.res.add(results[i])
 	}
 	if !l.res.FirstAdmit.IsZero() {
-		l.span = l.res.LastAdmit.Sub(l.res.FirstAdmit)
+		end := spec.Start.Add(spec.Duration)
+		if l.res.LastAdmit.After(end) {
+			end = l.res.LastAdmit
+		}
+		l.span = end.Sub(l.res.FirstAdmit)
 	}
+	l.scripts = scriptsRun(t, e.proxy.Upstream(), e.pass)
 	l.dropped = e.proxy.Dropped()
 	l.notes = e.notes
 	return l
+}
+
+// scriptsRun returns how many scripts (EVALSHA and EVAL) the server at addr
+// has run, or -1 if it cannot tell.
+func scriptsRun(t *testing.T, addr, pass string) int64 {
+	c := redis.NewClient(&redis.Options{Addr: addr, Password: pass, MaxRetries: -1})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Logf("commandstats of %s: %v", addr, err)
+		return -1
+	}
+	var n int64
+	for line := range strings.SplitSeq(info, "\r\n") {
+		for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+			if v, ok := strings.CutPrefix(line, cmd); ok {
+				v, _, _ = strings.Cut(v, ",")
+				k, err := strconv.ParseInt(v, 10, 64)
+				require.NoError(t, err, line)
+				n += k
+			}
+		}
+	}
+	return n
 }
 
 // assertMatrixLine holds l to invariant 11 (see the top of this file).
@@ -482,13 +512,17 @@ func assertMatrixLine(t *testing.T, l matrixLine) {
 		"admitted within Burst + Rate·T + Burst/n over T = %v", l.span)
 }
 
-const matrixHeader = "| fault | policy | calls | lost | admitted | T (s) | B+R·T | admitted/(B+R·T) | B+R·T+B/n | within | slowest Wait | slowest Reserve | n | errors, notes |\n" +
-	"|---|---|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|--:|---|\n"
+const matrixHeader = "| fault | policy | calls | lost | admitted | T (s) | B+R·T | admitted/(B+R·T) | B+R·T+B/n | verdict | slowest Wait | slowest Reserve | n | scripts run | errors, notes |\n" +
+	"|---|---|--:|--:|--:|--:|--:|--:|--:|:-:|--:|--:|--:|--:|---|\n"
 
 func matrixTable(lines []matrixLine) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nFault matrix: %d processes x %d goroutines calling bucket.Wait on one key, limit Rate %g/s Burst %g, %v a row; n = fleet size the buckets knew.\n\n",
-		matrixProcs, matrixGoroutines, matrixLimit.Rate, matrixLimit.Burst, matrixDuration)
+	fmt.Fprintf(&b, "\nFault matrix: %d processes × %d goroutines calling bucket.Wait on one key for %v, limit Rate %g/s Burst %g.\n"+
+		"A goroutine whose Wait fails tries again 10 ms later; a Wait may outlast the run by %v. T runs from the first admission to the\n"+
+		"later of the last one and the run's end. n: the fleet size the buckets knew at the end (– none). Scripts run: by the Redis\n"+
+		"the proxy points to at the end, warmups and membership beats (about one a second a process) included.\n"+
+		"Verdict: masked = a misconfiguration taken for an outage; over = admitted > B+R·T+B/n+1; lost = calls failed while failing open.\n\n",
+		matrixProcs, matrixGoroutines, matrixDuration, matrixLimit.Rate, matrixLimit.Burst, matrixGrace)
 	b.WriteString(matrixHeader)
 	for _, l := range lines {
 		b.WriteString(matrixTableLine(l))
@@ -499,12 +533,14 @@ func matrixTable(lines []matrixLine) string {
 
 func matrixTableLine(l matrixLine) string {
 	r := l.res
-	within := "yes"
-	if float64(r.Admitted) > l.shareBound()+1 {
-		within = "**no**"
-	}
-	if l.row.misconfig && (r.Lost != r.Calls || r.Unavailable > 0) {
-		within = "**masked**" // a misconfiguration taken for an outage
+	verdict := "ok"
+	switch {
+	case l.row.misconfig && (r.Lost != r.Calls || r.Unavailable > 0):
+		verdict = "**masked**" // a misconfiguration taken for an outage
+	case float64(r.Admitted) > l.shareBound()+1:
+		verdict = "**over**"
+	case !l.row.misconfig && !l.failClosed && r.Lost > 0:
+		verdict = "**lost**"
 	}
 	var notes []string
 	if r.Warmup != "" {
@@ -531,9 +567,9 @@ func matrixTableLine(l matrixLine) string {
 	if r.Members > 0 {
 		n = strconv.FormatInt(r.Members, 10)
 	}
-	return fmt.Sprintf("| %s | %s | %d | %d | %d | %.2f | %.0f | %.2f | %.0f | %s | %v | %v | %s | %s |",
-		l.row.name, l.policy(), r.Calls, r.Lost, r.Admitted, l.span.Seconds(), l.bound(), ratio, l.shareBound(), within,
-		r.SlowestWait.Round(time.Millisecond), r.SlowestReserve.Round(time.Millisecond), n,
+	return fmt.Sprintf("| %s | %s | %d | %d | %d | %.2f | %.0f | %.2f | %.0f | %s | %v | %v | %s | %d | %s |",
+		l.row.name, l.policy(), r.Calls, r.Lost, r.Admitted, l.span.Seconds(), l.bound(), ratio, l.shareBound(), verdict,
+		r.SlowestWait.Round(time.Millisecond), r.SlowestReserve.Round(time.Millisecond), n, l.scripts,
 		strings.ReplaceAll(strings.Join(notes, "; "), "|", "/"))
 }
 
@@ -546,9 +582,10 @@ func errorKind(err error) string { return number.ReplaceAllString(err.Error(), "
 
 // short trims an error message for the table.
 func short(s string) string {
+	s = strings.TrimPrefix(s, "bucket: redis reserve: ")
 	s = strings.TrimPrefix(s, "bucket: redis unavailable: ")
-	if len(s) > 70 {
-		s = s[:70] + "…"
+	if r := []rune(s); len(r) > 60 {
+		s = string(r[:60]) + "…"
 	}
 	return s
 }

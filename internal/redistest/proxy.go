@@ -127,6 +127,13 @@ func (p *Proxy) SetUpstream(addr string) {
 	p.mu.Unlock()
 }
 
+// Upstream returns the address new connections go to.
+func (p *Proxy) Upstream() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.upstream
+}
+
 func (p *Proxy) close() {
 	p.mu.Lock()
 	p.closed = true
