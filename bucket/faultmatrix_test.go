@@ -33,6 +33,7 @@ import (
 //
 //	SLUICE_FAULT_MATRIX=1 go test ./bucket -run 'TestFaultMatrix$' -v -timeout 20m
 //
+// (about 4 minutes; -run 'TestFaultMatrix$/RTT' runs some rows only).
 // SLUICE_FAULT_MATRIX_ASSERT=1 also holds every row to invariant 11: no call
 // lost while failing open, except to a misconfiguration, which every call
 // must report (an error that is not ErrUnavailable); and, under either
@@ -521,7 +522,8 @@ func matrixTable(lines []matrixLine) string {
 		"A goroutine whose Wait fails tries again 10 ms later; a Wait may outlast the run by %v. T runs from the first admission to the\n"+
 		"later of the last one and the run's end. n: the fleet size the buckets knew at the end (– none). Scripts run: by the Redis\n"+
 		"the proxy points to at the end, warmups and membership beats (about one a second a process) included.\n"+
-		"Verdict: masked = a misconfiguration taken for an outage; over = admitted > B+R·T+B/n+1; lost = calls failed while failing open.\n\n",
+		"Verdict: masked = a misconfiguration taken for an outage; over = admitted > B+R·T+B/n+1; wedged = calls failed with an error\n"+
+		"other than ErrUnavailable; lost = calls failed while failing open.\n\n",
 		matrixProcs, matrixGoroutines, matrixDuration, matrixLimit.Rate, matrixLimit.Burst, matrixGrace)
 	b.WriteString(matrixHeader)
 	for _, l := range lines {
@@ -539,6 +541,8 @@ func matrixTableLine(l matrixLine) string {
 		verdict = "**masked**" // a misconfiguration taken for an outage
 	case float64(r.Admitted) > l.shareBound()+1:
 		verdict = "**over**"
+	case !l.row.misconfig && r.Lost > r.Unavailable:
+		verdict = "**wedged**" // calls failed with what no failure policy explains
 	case !l.row.misconfig && !l.failClosed && r.Lost > 0:
 		verdict = "**lost**"
 	}
