@@ -146,7 +146,7 @@ func (p *Proxy) close() {
 	p.wg.Wait()
 }
 
-// serve accepts connections on ln until it is closed. p.mu is held.
+// serve accepts connections on ln, in a goroutine, until ln is closed.
 func (p *Proxy) serve(ln net.Listener) {
 	p.wg.Go(func() {
 		for {
