@@ -29,7 +29,8 @@ type Server struct {
 	Addr string
 	Port int
 
-	conf string // a configuration file to start with, for a sentinel
+	conf string   // a configuration file to start with, for a sentinel
+	env  []string // added to the process's environment
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -39,11 +40,12 @@ type Server struct {
 // Start starts a redis-server on a free port and waits until it answers.
 // extra arguments are passed to redis-server (e.g. "--cluster-enabled", "yes").
 func Start(extra ...string) (*Server, error) {
-	return startConf("", extra)
+	return startConf("", nil, extra)
 }
 
-// startConf is Start with a configuration file, if conf is not empty.
-func startConf(conf string, extra []string) (*Server, error) {
+// startConf is Start with a configuration file, if conf is not empty, and
+// env added to the server's environment.
+func startConf(conf string, env, extra []string) (*Server, error) {
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		return nil, fmt.Errorf("redistest: redis-server binary not found on PATH: %w", err)
@@ -54,7 +56,7 @@ func startConf(conf string, extra []string) (*Server, error) {
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, conf: conf}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, conf: conf, env: env}
 		if lastErr = s.start(bin, extra); lastErr == nil {
 			return s, nil
 		}
@@ -77,6 +79,10 @@ func (s *Server) start(bin string, extra []string) error {
 		"--daemonize", "no", "--loglevel", "warning",
 	), extra...)
 	cmd := exec.Command(bin, args...)
+	if s.env != nil {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return fmt.Errorf("redistest: start redis-server: %w", err)
@@ -280,7 +286,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sent, err := startConf(conf, nil)
+	sent, err := startConf(conf, nil, nil)
 	if err != nil {
 		Unavailable(t, err)
 	}
