@@ -128,3 +128,37 @@ func TestAnthropicStreamCutShortKeepsTheCharge(t *testing.T) {
 		})
 	}
 }
+
+// TestUsageFromALyingUpstream: a usage report is outside input. Through a
+// Transport metered by MeterUsage, 1e15 or 1e300 tokens became a debit as
+// large; a negative or unreadable amount is no report, and a sum that
+// overflows is none either: the estimate stands.
+func TestUsageFromALyingUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		name, contentType, body string
+		tokens                  float64 // spent
+	}{
+		{"1e15", "application/json", `{"usage":{"total_tokens":1e15}}`, 1e12},
+		{"1e300", "application/json", `{"usage":{"total_tokens":1e300}}`, 1e12},
+		{"negative", "application/json", `{"usage":{"total_tokens":-5}}`, helloEstimate},
+		{"beyond float64", "application/json", `{"usage":{"total_tokens":1e400}}`, helloEstimate},
+		{"a sum that overflows", "application/json",
+			`{"usage":{"prompt_tokens":1.5e308,"completion_tokens":1.5e308}}`, helloEstimate},
+		{"stream: 1e300", "text/event-stream", "data: {\"choices\":[],\"usage\":{\"total_tokens\":1e300}}\n\n", 1e12},
+		{"stream: negative output", "text/event-stream",
+			"data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-5}}\n\n", helloEstimate},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := newRecorder(t, reply(200, tc.body, "Content-Type", tc.contentType))
+			b := newBucket()
+			client := &http.Client{Transport: newTransport(b)}
+			resp, err := client.Post(srv.URL, "application/json",
+				strings.NewReader(`{"messages":[{"role":"user","content":"Say hello"}],"max_tokens":100}`))
+			require.NoError(t, err)
+			_, err = io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+			assert.Equal(t, bucket.Cost{bucket.Requests: 1, bucket.Tokens: tc.tokens}, spent(b))
+		})
+	}
+}

@@ -29,6 +29,10 @@ import (
 // The tokens are total_tokens, or else the sum of prompt_tokens,
 // completion_tokens, input_tokens, cache_creation_input_tokens and
 // output_tokens (Anthropic's cache reads do not count against its limits).
+// A field that is negative is taken as absent, and one that JSON cannot
+// hold in a float64 spoils its object; what the meter reports beyond
+// reason (infinite, or above 1e12) the Transport bounds (see
+// transport.WithUsage).
 // Other responses, and compressed bodies the caller decompresses, are not
 // metered (nil): their charge stands.
 func MeterUsage(resp *http.Response) transport.UsageMeter {
