@@ -89,7 +89,9 @@ type Feedback struct {
 	// Class is the response's verdict on the request.
 	Class Class
 	// RetryAfter is how long the provider asked to wait (Retry-After,
-	// retry-after-ms), zero if it did not.
+	// retry-after-ms) when it refused the request for rate or load (429,
+	// 503, 529), zero if it did not: a bucket pauses the key that long for
+	// the whole fleet.
 	RetryAfter time.Duration
 	// Quotas holds what the provider reported, by dimension.
 	Quotas map[string]Quota

@@ -33,8 +33,12 @@ func Read(resp *http.Response) Feedback {
 // IsQuotaExhausted.
 //
 // Class is RateLimited for 429, Overloaded for 503 and 529, else Accepted.
-// RetryAfter is read, as RetryAfter reads it, from responses of status 400
-// and above only: on a success or a redirect it is no request to pause.
+// RetryAfter is read, as RetryAfter reads it, from those three statuses
+// only: they turn a request away for rate or load, and a bucket applies
+// their Retry-After to every process that shares the key. On any other
+// status (a success, a redirect, a 400, 401, 404 or 500) it asks at most
+// for that one request to be retried later, which a caller reads with
+// RetryAfter itself; it is no reason to pause the fleet.
 //
 // Quotas holds, by dimension, what these headers report, and is nil if they
 // report nothing:
@@ -66,7 +70,7 @@ func Parse(status int, h http.Header, now time.Time) Feedback {
 	case http.StatusServiceUnavailable, statusOverloaded:
 		f.Class = Overloaded
 	}
-	if status >= http.StatusBadRequest {
+	if f.Class != Accepted {
 		f.RetryAfter, _ = RetryAfter(h, now)
 	}
 	var qs quotaSet

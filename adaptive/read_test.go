@@ -277,12 +277,6 @@ func TestParse(t *testing.T) {
 			status: 200,
 			h:      header("Retry-After", "30"),
 		},
-		{
-			name:       "Retry-After on a 500",
-			status:     500,
-			h:          header("Retry-After", "30"),
-			retryAfter: 30 * time.Second,
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -295,6 +289,25 @@ func TestParse(t *testing.T) {
 			}
 			assert.Zero(t, f.Epoch)
 		})
+	}
+}
+
+// TestParseRetryAfterOnlyWhenThrottled: a Retry-After pauses the key for
+// the whole fleet, so Parse reads it from a 429, 503 or 529 only; on a 400,
+// 401, 404 or 500 it paused every process sharing the key.
+func TestParseRetryAfterOnlyWhenThrottled(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	h := header("Retry-After", "30")
+	for _, tc := range []struct {
+		status int
+		want   time.Duration
+	}{
+		{429, 30 * time.Second}, {503, 30 * time.Second}, {529, 30 * time.Second},
+		{200, 0}, {301, 0}, {400, 0}, {401, 0}, {403, 0}, {404, 0}, {408, 0}, {500, 0}, {502, 0}, {504, 0},
+	} {
+		f := adaptive.Parse(tc.status, h, now)
+		assert.Equal(t, tc.want, f.RetryAfter, "status %d", tc.status)
+		assert.Equal(t, tc.want > 0, !f.Empty(), "status %d", tc.status)
 	}
 }
 

@@ -5,9 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"iter"
+	"math"
 	"net/http"
 	"strings"
 
@@ -22,9 +24,10 @@ import (
 //
 // Client is safe for concurrent use.
 type Client struct {
-	url    string // of the chat completions endpoint
-	apiKey string
-	http   *http.Client
+	url     string // of the chat completions endpoint
+	apiKey  string
+	http    *http.Client
+	maxRead int64 // WithMaxResponseBytes
 }
 
 // New returns a Client of the API at baseURL, such as
@@ -40,20 +43,25 @@ func New(baseURL, apiKey string, opts ...Option) *Client {
 		transport.WithCost(RequestCost(c.estimator)),
 		transport.WithUsage(MeterUsage),
 	}, c.transport...)...)
-	return &Client{url: strings.TrimSuffix(baseURL, "/") + "/chat/completions", apiKey: apiKey, http: &hc}
+	return &Client{url: strings.TrimSuffix(baseURL, "/") + "/chat/completions", apiKey: apiKey, http: &hc,
+		maxRead: c.maxRead}
 }
 
 // Chat sends req and returns the completion. An error the provider answers
-// with is an *APIError.
+// with is an *APIError; a completion larger than WithMaxResponseBytes
+// allows is a *TooLargeError.
 func (c *Client) Chat(ctx context.Context, req ChatRequest) (*Response, error) {
 	resp, err := c.post(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, c.maxRead+1))
 	if err != nil {
 		return nil, fmt.Errorf("llmclient: reading the response: %w", err)
+	}
+	if int64(len(body)) > c.maxRead {
+		return nil, &TooLargeError{Limit: c.maxRead}
 	}
 	var r Response
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -77,7 +85,8 @@ type streamRequest struct {
 // loop early ends it, and its charge stands unless the usage had already
 // arrived. An error ends the iteration: the call's (an *APIError if the
 // provider answered with one), or the stream's, such as io.ErrUnexpectedEOF
-// if it ended before its "[DONE]".
+// if it ended before its "[DONE]", or a *TooLargeError for an event larger
+// than WithMaxResponseBytes allows.
 //
 //	for chunk, err := range client.ChatStream(ctx, req) {
 //		if err != nil {
@@ -97,7 +106,7 @@ func (c *Client) ChatStream(ctx context.Context, req ChatRequest) iter.Seq2[Chun
 			return
 		}
 		defer resp.Body.Close()
-		for data, err := range events(resp.Body) {
+		for data, err := range events(resp.Body, c.maxRead) {
 			if err != nil {
 				yield(Chunk{}, fmt.Errorf("llmclient: reading the stream: %w", err))
 				return
@@ -132,15 +141,13 @@ var done = []byte("[DONE]")
 // maxDrain bounds what is read after the end of a stream.
 const maxDrain = 4 << 10
 
-// maxEventSize bounds one server-sent event read by ChatStream.
-const maxEventSize = 8 << 20
-
 // events returns the data of the server-sent events that r holds, and
-// io.ErrUnexpectedEOF if r ends before a "[DONE]" event.
-func events(r io.Reader) iter.Seq2[[]byte, error] {
+// io.ErrUnexpectedEOF if r ends before a "[DONE]" event, or a
+// *TooLargeError once a line or an event's data passes limit bytes.
+func events(r io.Reader, limit int64) iter.Seq2[[]byte, error] {
 	return func(yield func([]byte, error) bool) {
 		sc := bufio.NewScanner(r)
-		sc.Buffer(nil, maxEventSize)
+		sc.Buffer(nil, int(min(limit, math.MaxInt-1)+1)) // a line of limit bytes, and its newline
 		var data []byte
 		for sc.Scan() {
 			line := sc.Bytes()
@@ -155,14 +162,22 @@ func events(r io.Reader) iter.Seq2[[]byte, error] {
 			if !ok {
 				continue // a comment, or a field other than data
 			}
+			v = bytes.TrimPrefix(v, []byte(" "))
+			if int64(len(data))+1+int64(len(v)) > limit { // many data lines
+				yield(nil, &TooLargeError{Limit: limit})
+				return
+			}
 			if len(data) > 0 {
 				data = append(data, '\n')
 			}
-			data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
+			data = append(data, v...)
 		}
 		err := sc.Err()
-		if err == nil {
+		switch {
+		case err == nil:
 			err = io.ErrUnexpectedEOF
+		case errors.Is(err, bufio.ErrTooLong):
+			err = &TooLargeError{Limit: limit}
 		}
 		yield(nil, err)
 	}

@@ -2,6 +2,7 @@ package llmclient
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -43,6 +44,24 @@ func (e *APIError) Error() string {
 	}
 	return b.String()
 }
+
+// ErrTooLarge is matched by a *TooLargeError.
+var ErrTooLarge = errors.New("llmclient: response too large")
+
+// TooLargeError is the error of a response, or an event of a stream,
+// larger than the Client reads (WithMaxResponseBytes). It errors.Is
+// ErrTooLarge.
+type TooLargeError struct {
+	// Limit is the most the Client reads, in bytes.
+	Limit int64
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("llmclient: response larger than %d bytes (raise the limit with llmclient.WithMaxResponseBytes)", e.Limit)
+}
+
+// Is reports whether target is ErrTooLarge.
+func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
 
 // maxErrorBody bounds what is read of an error response.
 const maxErrorBody = 64 << 10

@@ -21,6 +21,7 @@ type config struct {
 	estimator Estimator
 	http      *http.Client
 	transport []transport.Option
+	maxRead   int64
 }
 
 // Default limits of the bucket a Client makes for itself: OpenAI's first
@@ -30,6 +31,12 @@ const (
 	defaultTPM = 30_000
 )
 
+// defaultMaxRead is the default of WithMaxResponseBytes: a completion of
+// the largest models' output (128k tokens, some 512 KiB of text) fits many
+// times over, JSON escapes, logprobs and many choices included; a body
+// past it is an upstream gone wrong, not an answer to hold in memory.
+const defaultMaxRead = 16 << 20
+
 func newConfig(opts []Option) config {
 	c := config{
 		rpm:       defaultRPM,
@@ -37,6 +44,7 @@ func newConfig(opts []Option) config {
 		key:       transport.CredentialKey,
 		estimator: Estimate,
 		http:      &http.Client{},
+		maxRead:   defaultMaxRead,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -118,4 +126,16 @@ func WithHTTPClient(hc *http.Client) Option {
 // transport.WithBreaker, transport.WithMaxWait or transport.WithLogger.
 func WithTransportOptions(opts ...transport.Option) Option {
 	return optionFunc(func(c *config) { c.transport = append(c.transport, opts...) })
+}
+
+// WithMaxResponseBytes bounds what the Client reads of one response: the
+// body of a Chat completion, or one event of a ChatStream (a line or the
+// data of an event). A response past it fails with a *TooLargeError. n <= 0
+// keeps the default, 16 MiB.
+func WithMaxResponseBytes(n int64) Option {
+	return optionFunc(func(c *config) {
+		if n > 0 {
+			c.maxRead = n
+		}
+	})
 }

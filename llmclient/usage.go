@@ -20,11 +20,19 @@ import (
 //     in "message" (Anthropic's message_start) or "response" (OpenAI's
 //     Responses API); later events override earlier ones field by field.
 //     OpenAI's chat completions stream one only if the request sets
-//     stream_options.include_usage, as Client.ChatStream does.
+//     stream_options.include_usage, as Client.ChatStream does. The usage
+//     counts only once it is final: Anthropic's message_start reports the
+//     input and an output of a token or so, and its message_delta the
+//     output in full; a stream that ends between the two reports nothing,
+//     and its charge stands.
 //
 // The tokens are total_tokens, or else the sum of prompt_tokens,
 // completion_tokens, input_tokens, cache_creation_input_tokens and
 // output_tokens (Anthropic's cache reads do not count against its limits).
+// A field that is negative is taken as absent, and one that JSON cannot
+// hold in a float64 spoils its object; what the meter reports beyond
+// reason (infinite, or above 1e12) the Transport bounds (see
+// transport.WithUsage).
 // Other responses, and compressed bodies the caller decompresses, are not
 // metered (nil): their charge stands.
 func MeterUsage(resp *http.Response) transport.UsageMeter {
@@ -208,7 +216,7 @@ type sseMeter struct {
 	data  []byte // the current event's data
 	over  bool   // the current event is too long: skipped
 	u     usage  // from noUsage, merged with every usage found
-	found bool
+	final bool   // a final usage was found: at the top level or in "response"
 }
 
 func (m *sseMeter) Write(p []byte) (int, error) {
@@ -281,9 +289,10 @@ func (m *sseMeter) dispatch() {
 			Response nested `json:"response"`
 		}{noUsage, nested{noUsage}, nested{noUsage}}
 		if json.Unmarshal(m.data, &ev) == nil {
-			for _, u := range []*usage{&ev.Usage, &ev.Message.Usage, &ev.Response.Usage} {
+			m.u.merge(&ev.Message.Usage) // message_start's: not final
+			for _, u := range []*usage{&ev.Usage, &ev.Response.Usage} {
 				if m.u.merge(u) {
-					m.found = true
+					m.final = true
 				}
 			}
 		}
@@ -296,7 +305,7 @@ func (m *sseMeter) Cost() (bucket.Cost, bool) {
 		m.endLine(m.line)
 	}
 	m.dispatch() // a last event with no blank line
-	if !m.found {
+	if !m.final {
 		return nil, false
 	}
 	return m.u.cost()

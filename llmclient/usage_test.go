@@ -104,6 +104,8 @@ func TestMeterUsageSSE(t *testing.T) {
 		{"OpenAI, CRLF", strings.ReplaceAll(openAI, "\n", "\r\n"), 16},
 		{"OpenAI, no usage asked", "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: [DONE]\n\n", -1},
 		{"Anthropic", anthropic, 25 + 15},
+		{"Anthropic, cut after message_start", anthropic[:strings.Index(anthropic, "event: message_delta")], -1},
+		{"Anthropic, message_delta only", anthropic[strings.Index(anthropic, "event: message_delta"):], 15},
 		{"Responses API", "event: response.completed\n" +
 			"data: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":4,\"output_tokens\":5,\"total_tokens\":9}}}\n\n", 9},
 		{"data on two lines, comments", ": keep-alive\n\ndata:{\"usage\":\ndata: {\"total_tokens\":4}}\nid: 7\n\n", 4},

@@ -251,3 +251,30 @@ func TestBadCostAndKey(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryAfterLongestDuration: a Retry-After that saturates at the
+// longest time.Duration, honoured in full (MaxRetryAfter at its largest),
+// pauses the key until a time in the future, not one wrapped into the
+// past; the request with a deadline is not retried, and the next one on
+// the key fails at once.
+func TestRetryAfterLongestDuration(t *testing.T) {
+	noLeaks(t)
+	var hits atomic.Int32
+	clk := newFakeClock()
+	tr := transport.New(respond(&hits, withHeader(429, "Retry-After", "99999999999999999999")),
+		transport.WithBucket(bucket.NewLocal(bucket.PerSecond(100))), transport.WithTestClock(clk.Now, clk.Sleep),
+		transport.WithRetry(transport.Retry{MaxRetryAfter: time.Duration(math.MaxInt64)}))
+	ctx, cancel := context.WithDeadline(context.Background(), clk.Now().Add(time.Hour))
+	defer cancel()
+	resp, err := get(t, tr, ctx, "https://api.example.com/v1")
+	require.NoError(t, err)
+	assert.Equal(t, 429, resp.StatusCode, "the retry would pass the deadline")
+	assert.Empty(t, clk.Sleeps())
+
+	_, err = get(t, tr, ctx, "https://api.example.com/v1")
+	var we *bucket.WaitError
+	require.ErrorAs(t, err, &we)
+	assert.Greater(t, we.RetryAfter, 100*365*24*time.Hour, "paused until far in the future")
+	assert.EqualValues(t, 1, hits.Load(), "nothing sent")
+	assert.Empty(t, clk.Sleeps())
+}

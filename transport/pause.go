@@ -6,13 +6,56 @@ import (
 	"time"
 )
 
+// expiring maps keys to times, a time no later than now being as good as
+// none: such entries are forgotten, all at once, when the map has doubled
+// since they last were (and at minSweep entries at first), so that each
+// set costs amortised O(1) however many keys are live. A sweep that
+// leaves n entries comes after n more sets at least, and it costs O(2n).
+// The zero value is empty; it is not safe for concurrent use.
+type expiring struct {
+	m       map[string]time.Time
+	sweepAt int // len(m) at which entries no later than now are forgotten
+}
+
+// minSweep is the least size of an expiring map at which it is swept.
+const minSweep = 1024
+
+// get returns key's time if it is after now, and forgets it if not.
+func (e *expiring) get(key string, now time.Time) (time.Time, bool) {
+	t, ok := e.m[key]
+	if !ok {
+		return time.Time{}, false
+	}
+	if !t.After(now) {
+		delete(e.m, key)
+		return time.Time{}, false
+	}
+	return t, true
+}
+
+// set sets key's time to t.
+func (e *expiring) set(key string, t, now time.Time) {
+	if e.m == nil {
+		e.m, e.sweepAt = make(map[string]time.Time), minSweep
+	}
+	if len(e.m) >= e.sweepAt {
+		for k, u := range e.m {
+			if !u.After(now) {
+				delete(e.m, k)
+			}
+		}
+		e.sweepAt = max(minSweep, 2*len(e.m))
+	}
+	e.m[key] = t
+}
+
 // pauses holds, per key, the end of the pause a 429 or 503 asked for with
 // Retry-After: until then this process sends nothing on the key. It is
 // safe for concurrent use; the common case, no pause at all, takes no lock.
 type pauses struct {
-	n  atomic.Int64 // len(m)
+	n  atomic.Int64 // len(m.m)
 	mu sync.Mutex
-	m  map[string]time.Time
+	m  expiring
 }
 
 // until returns the end of key's pause, or the zero time if it is not
@@ -23,15 +66,8 @@ func (p *pauses) until(key string, now time.Time) time.Time {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	t, ok := p.m[key]
-	if !ok {
-		return time.Time{}
-	}
-	if !t.After(now) {
-		delete(p.m, key)
-		p.n.Store(int64(len(p.m)))
-		return time.Time{}
-	}
+	t, _ := p.m.get(key, now)
+	p.n.Store(int64(len(p.m.m)))
 	return t
 }
 
@@ -39,21 +75,11 @@ func (p *pauses) until(key string, now time.Time) time.Time {
 func (p *pauses) pause(key string, t, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.m == nil {
-		p.m = make(map[string]time.Time)
-	}
-	if old, ok := p.m[key]; ok && !t.After(old) {
+	if old, ok := p.m.get(key, now); ok && !t.After(old) {
 		return
 	}
-	if len(p.m) >= 1024 { // forget pauses that are over
-		for k, u := range p.m {
-			if !u.After(now) {
-				delete(p.m, k)
-			}
-		}
-	}
-	p.m[key] = t
-	p.n.Store(int64(len(p.m)))
+	p.m.set(key, t, now)
+	p.n.Store(int64(len(p.m.m)))
 }
 
 // refundTimeout bounds the bucket calls made after the caller's context may
@@ -69,7 +95,7 @@ const observeEvery = 50 * time.Millisecond
 // safe for concurrent use.
 type sampler struct {
 	mu   sync.Mutex
-	next map[string]time.Time
+	next expiring
 }
 
 // due reports whether key's next observation is due at now, and if so
@@ -77,12 +103,9 @@ type sampler struct {
 func (s *sampler) due(key string, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if t, ok := s.next[key]; ok && now.Before(t) {
+	if _, ok := s.next.get(key, now); ok {
 		return false
 	}
-	if s.next == nil || len(s.next) >= 1024 {
-		s.next = make(map[string]time.Time) // forget: at worst one more call per key
-	}
-	s.next[key] = now.Add(observeEvery)
+	s.next.set(key, now.Add(observeEvery), now)
 	return true
 }

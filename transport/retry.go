@@ -20,9 +20,10 @@ import (
 // when its request body can be replayed (no body, or GetBody is set) and:
 //
 //   - the response is 429, 503 or 529: the upstream turned the request away
-//     before processing it, so any method is retried; except a 429 that says
-//     the quota is exhausted (OpenAI's "insufficient_quota"), which waiting
-//     will not fix;
+//     before processing it, so any method is retried; except a 429 whose
+//     body says the quota is exhausted (OpenAI's "insufficient_quota"),
+//     which waiting will not fix: its first 4 KiB, if they come within
+//     250ms (a body slower than that is taken to say nothing);
 //   - the response is 408, 500, 502 or 504, or the attempt failed without a
 //     response (a connection error; not a cancelled context, nor a
 //     certificate error), and the request is idempotent: GET, HEAD,

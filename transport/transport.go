@@ -77,7 +77,8 @@ func (t *Transport) CloseIdleConnections() {
 // errors.Is bucket.ErrDeadline). When a retry cannot be sent (its wait
 // would pass the deadline or the max wait, the breaker refuses it, the
 // bucket or GetBody fails) the previous response is returned instead, with
-// a nil error, if it was short enough (4 KiB) to be kept in memory.
+// a nil error, if it was short enough (4 KiB) to be kept in memory and
+// came whole within 250ms.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	key := t.cfg.key(req)
@@ -90,7 +91,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		last *http.Response              // the discarded response, kept in memory
 	)
 	for n := 1; ; n++ {
-		resp, sent, err := t.attempt(ctx, req, key, cost, n)
+		resp, v, sent, err := t.attempt(ctx, req, key, cost, n)
 		if !sent {
 			if n == 1 && req.Body != nil {
 				req.Body.Close() // a RoundTripper always closes the body
@@ -105,7 +106,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		last = nil
-		delay, retry := t.retryDelay(ctx, req, resp, err, n, &bo)
+		delay, retry := t.retryDelay(ctx, req, resp, v, err, n, &bo)
 		if !retry {
 			return t.metered(ctx, key, cost, resp), err
 		}
@@ -131,19 +132,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // attempt makes attempt n of req: it waits for key's pause and the bucket,
 // asks the breaker, and sends a clone of req through base. sent reports
-// whether it got as far as base. err is nil whenever resp is not.
-func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, cost bucket.Cost, n int) (resp *http.Response, sent bool, err error) {
+// whether it got as far as base. err is nil whenever resp is not; v is what
+// observe learnt from resp.
+func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, cost bucket.Cost, n int) (resp *http.Response, v verdict, sent bool, err error) {
 	if t.breaker != nil {
 		if err := t.breaker.open(); err != nil {
 			t.metrics.attempt(ctx, outcomeBreakerOpen)
-			return nil, false, err
+			return nil, v, false, err
 		}
 	}
 	start := t.cfg.now()
 	epoch, err := t.wait(ctx, key, cost, start)
 	if err != nil {
 		t.metrics.attempt(ctx, waitOutcome(ctx, err))
-		return nil, false, err
+		return nil, v, false, err
 	}
 	waited := t.cfg.now().Sub(start)
 	t.metrics.waited(ctx, waited)
@@ -153,7 +155,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 		if body, err = req.GetBody(); err != nil {
 			t.refund(ctx, key, cost)
 			t.metrics.attempt(ctx, outcomeError)
-			return nil, false, fmt.Errorf("transport: GetBody: %w", err)
+			return nil, v, false, fmt.Errorf("transport: GetBody: %w", err)
 		}
 	}
 	var done func(error)
@@ -164,7 +166,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 			}
 			t.refund(ctx, key, cost)
 			t.metrics.attempt(ctx, outcomeBreakerOpen)
-			return nil, false, err
+			return nil, v, false, err
 		}
 	}
 
@@ -195,15 +197,15 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 			logReq(ctx, l, req, "sluice: attempt failed", slog.Int("attempt", n),
 				slog.Duration("waited", waited), errAttr(err))
 		}
-		return nil, true, err
+		return nil, v, true, err
 	}
 	t.metrics.attempt(ctx, responseOutcome(resp.StatusCode))
-	t.observe(ctx, key, epoch, resp)
+	v = t.observe(ctx, key, epoch, resp)
 	if l := t.logger(ctx); l != nil {
 		logReq(ctx, l, req, "sluice: attempt", slog.Int("attempt", n),
 			slog.Duration("waited", waited), slog.Int("status", resp.StatusCode))
 	}
-	return resp, true, nil
+	return resp, v, true, nil
 }
 
 // wait holds the attempt back until key's pause is over and the bucket has
@@ -295,39 +297,62 @@ func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
 	}
 }
 
+// verdict is what observe learns from a response for retryDelay, so that
+// the response is read once: its body is peeked into at most once, and the
+// pause and the retry follow from one reading of its Retry-After.
+type verdict struct {
+	// retryAfter is the delay a response of status 400 or more asks for
+	// (adaptive.RetryAfter), if asked.
+	retryAfter time.Duration
+	asked      bool
+	// quotaExhausted: a 429 whose body says the quota is spent (peekBody,
+	// adaptive.IsQuotaExhausted).
+	quotaExhausted bool
+}
+
 // observe reads what resp says about the limit. A 429, 503 or 529 with a
 // Retry-After holds key back in this process for that long (at most
 // MaxRetryAfter), slots already reserved included (see wait); and
 // the bucket learns it all for the fleet (bucket.Observe): every refusal,
 // and what accepted responses report about the quota, at most once per
-// observeEvery per key.
-func (t *Transport) observe(ctx context.Context, key string, epoch uint64, resp *http.Response) {
+// observeEvery per key. Only a 429's body is looked into (peekBody).
+func (t *Transport) observe(ctx context.Context, key string, epoch uint64, resp *http.Response) verdict {
 	now := t.cfg.now()
+	var v verdict
+	if resp.StatusCode >= http.StatusBadRequest {
+		v.retryAfter, v.asked = adaptive.RetryAfter(resp.Header, now)
+	}
+	if resp.StatusCode == http.StatusTooManyRequests {
+		v.quotaExhausted = adaptive.IsQuotaExhausted(peekBody(resp))
+	}
 	fb := adaptive.Parse(resp.StatusCode, resp.Header, now)
 	if fb.Empty() {
-		return
+		return v
 	}
 	fb.Epoch = epoch
-	if fb.Class == adaptive.RateLimited && adaptive.IsQuotaExhausted(peekBody(resp)) {
+	if v.quotaExhausted {
 		fb.Class = adaptive.QuotaExhausted
 	}
+	// Parse reads a Retry-After from a 429, 503 or 529 only: nothing else
+	// pauses the key.
 	fb.RetryAfter = min(fb.RetryAfter, t.cfg.retry.MaxRetryAfter)
-	if fb.Class != adaptive.Accepted && fb.RetryAfter > 0 {
+	if fb.RetryAfter > 0 {
 		t.pauses.pause(key, now.Add(fb.RetryAfter), now)
 	}
 	if t.cfg.bucket == nil || fb.Class == adaptive.Accepted && !t.sampler.due(key, now) {
-		return
+		return v
 	}
 	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
 	defer cancel()
 	if err := t.cfg.bucket.Observe(octx, key, fb); err != nil {
 		t.debugKey(ctx, "sluice: observe failed", errAttr(err))
 	}
+	return v
 }
 
-// retryDelay decides whether attempt n, which ended with resp or err, is
-// retried (see Retry) and after how long.
-func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *http.Response, err error, n int, bo **backoff.ExponentialBackOff) (time.Duration, bool) {
+// retryDelay decides whether attempt n, which ended with resp (of which
+// observe learnt v) or err, is retried (see Retry) and after how long.
+func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *http.Response, v verdict, err error, n int, bo **backoff.ExponentialBackOff) (time.Duration, bool) {
 	r := &t.cfg.retry
 	if n >= r.MaxAttempts || !replayable(req) {
 		return 0, false
@@ -340,14 +365,14 @@ func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *htt
 		if resp.StatusCode < 400 {
 			return 0, false
 		}
-		if v, ok := shouldRetryHeader(resp.Header); ok {
-			if !v {
+		if yes, ok := shouldRetryHeader(resp.Header); ok {
+			if !yes {
 				return 0, false
 			}
 		} else {
 			switch always, ifIdempotent := retryableStatus(resp.StatusCode); {
 			case always:
-				if resp.StatusCode == http.StatusTooManyRequests && adaptive.IsQuotaExhausted(peekBody(resp)) {
+				if v.quotaExhausted {
 					if l := t.logger(ctx); l != nil {
 						logReq(ctx, l, req, "sluice: quota exhausted, not retrying", slog.Int("attempt", n))
 					}
@@ -363,21 +388,16 @@ func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *htt
 		}
 	}
 
-	now := t.cfg.now()
 	var d time.Duration
-	ra, ok := time.Duration(0), false
-	if resp != nil {
-		ra, ok = adaptive.RetryAfter(resp.Header, now)
-	}
-	if ok {
-		if ra > r.MaxRetryAfter {
+	if v.asked {
+		if v.retryAfter > r.MaxRetryAfter {
 			if l := t.logger(ctx); l != nil {
 				logReq(ctx, l, req, "sluice: Retry-After too long, not retrying", slog.Int("attempt", n),
-					slog.Duration("retry_after", ra))
+					slog.Duration("retry_after", v.retryAfter))
 			}
 			return 0, false
 		}
-		d = ra
+		d = v.retryAfter
 	} else {
 		if *bo == nil {
 			*bo = r.newBackOff()
@@ -385,7 +405,7 @@ func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *htt
 		d = min((*bo).NextBackOff(), r.MaxInterval)
 	}
 	d = r.jitter(d, t.cfg.rand())
-	if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
+	if dl, ok := ctx.Deadline(); ok && t.cfg.now().Add(d).After(dl) {
 		if l := t.logger(ctx); l != nil {
 			logReq(ctx, l, req, "sluice: retry would pass the deadline, not retrying", slog.Int("attempt", n),
 				slog.Duration("delay", d))

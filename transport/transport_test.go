@@ -175,6 +175,36 @@ func TestRetryAfterPausesKey(t *testing.T) {
 	assert.Equal(t, []time.Duration{30 * time.Second}, clk.Sleeps(), "waited out the pause")
 }
 
+// TestRetryAfterOnErrorStatusDoesNotPauseKey: only a 429, 503 or 529 may
+// pause a key for the fleet. A Retry-After on a 400, 401, 404 or 500 paused
+// it in the bucket for every process; a retried 500 still waits out its own
+// Retry-After before the retry.
+func TestRetryAfterOnErrorStatusDoesNotPauseKey(t *testing.T) {
+	for _, code := range []int{400, 401, 404, 500} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			s := newScript(status(code, "Retry-After", "2"))
+			defer s.Close()
+			b := bucket.NewLocal(bucket.PerSecond(10), bucket.WithClock(frozen{}))
+			clk := newFakeClock()
+			tr := transport.New(nil, transport.WithBucket(b), transport.WithTestClock(clk.Now, clk.Sleep),
+				transport.WithTestRand(func() float64 { return 0 }),
+				transport.WithKey(func(*http.Request) string { return "k" }))
+			resp, err := get(t, tr, context.Background(), s.URL)
+			require.NoError(t, err)
+			if code == 500 {
+				assert.Equal(t, 200, resp.StatusCode, "retried")
+				assert.Equal(t, []time.Duration{2 * time.Second}, clk.Sleeps(), "after its Retry-After")
+			} else {
+				assert.Equal(t, code, resp.StatusCode, "not retried")
+			}
+			r, err := b.Reserve(context.Background(), "k", bucket.N(1), 0)
+			require.NoError(t, err)
+			assert.True(t, r.OK, "the key is not paused")
+			assert.Zero(t, r.Delay)
+		})
+	}
+}
+
 func TestBreaker(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	var code atomic.Int32

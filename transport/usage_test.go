@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -244,4 +245,47 @@ func TestUsageLogsNoSecret(t *testing.T) {
 	resp.Body.Close()
 	assert.Contains(t, logs.String(), `msg="sluice: usage reconciled" delta.tokens=-70`)
 	assert.NotContains(t, logs.String(), "sk-secret")
+}
+
+// costMeter is a UsageMeter that reports cost, whatever the body.
+type costMeter struct{ cost bucket.Cost }
+
+func (m costMeter) Write(p []byte) (int, error) { return len(p), nil }
+func (m costMeter) Cost() (bucket.Cost, bool)   { return m.cost, true }
+
+// TestUsageFromALyingUpstream: a usage report is outside input. A total of
+// 1e15 or 1e300 tokens became a debit as large, and -5 a refund of more
+// than the charge; NaN and infinities reached the bucket. An amount that
+// is not a number, infinite or negative is no report (the charge stands),
+// and one above 1e12 counts as 1e12.
+func TestUsageFromALyingUpstream(t *testing.T) {
+	nan, inf := math.NaN(), math.Inf(1)
+	for _, tc := range []struct {
+		name             string
+		usage            bucket.Cost
+		requests, tokens float64 // left in the bucket
+	}{
+		{"honest", bucket.Cost{bucket.Tokens: 30}, 9, 1000 - 30},
+		{"1e15", bucket.Cost{bucket.Tokens: 1e15}, 9, 1000 - 1e12},
+		{"1e300", bucket.Cost{bucket.Tokens: 1e300}, 9, 1000 - 1e12},
+		{"negative", bucket.Cost{bucket.Tokens: -5}, 9, 900},
+		{"NaN", bucket.Cost{bucket.Tokens: nan}, 9, 900},
+		{"+Inf", bucket.Cost{bucket.Tokens: inf}, 9, 900},
+		{"-Inf", bucket.Cost{bucket.Tokens: -inf}, 9, 900},
+		{"one dimension lies", bucket.Cost{bucket.Requests: -5, bucket.Tokens: 30}, 9, 1000 - 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newScript(step{status: 200, body: "hello"})
+			defer s.Close()
+			tr, b, _ := newMetered(t, transport.WithUsage(func(*http.Response) transport.UsageMeter {
+				return costMeter{tc.usage}
+			}))
+			resp, err := get(t, tr, context.Background(), s.URL)
+			require.NoError(t, err)
+			_, err = io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+			assert.Equal(t, bucket.Cost{bucket.Requests: tc.requests, bucket.Tokens: tc.tokens}, b.Tokens("k"))
+		})
+	}
 }
