@@ -4,6 +4,9 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
+	"errors"
+	"net"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -33,7 +36,10 @@ type onceCmd struct{ *redis.Cmd }
 
 func (onceCmd) NoRetry() bool { return true }
 
-// run runs s with keys and args on rdb.
+// run runs s with keys and args on rdb. A call that certainly did not run
+// (see notRun) is tried again, up to three times, after 8, 16 and 32 ms,
+// as go-redis would have: a cluster settling, a server loading, a
+// connection that could not be made.
 func (s *script) run(ctx context.Context, rdb redis.UniversalClient, keys []string, args ...any) *redis.Cmd {
 	argv := make([]any, 0, 3+len(keys)+len(args))
 	argv = append(argv, "evalsha", s.hash, len(keys))
@@ -41,6 +47,24 @@ func (s *script) run(ctx context.Context, rdb redis.UniversalClient, keys []stri
 		argv = append(argv, k)
 	}
 	argv = append(argv, args...)
+	for attempt := 0; ; attempt++ {
+		cmd := s.once(ctx, rdb, argv)
+		if attempt == 3 || !notRun(cmd.Err()) {
+			return cmd
+		}
+		t := time.NewTimer(8 * time.Millisecond << attempt)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return cmd
+		}
+	}
+}
+
+// once sends s once: EVALSHA, then EVAL if the server does not have it.
+func (s *script) once(ctx context.Context, rdb redis.UniversalClient, argv []any) *redis.Cmd {
+	argv[0], argv[1] = "evalsha", s.hash
 	cmd := redis.NewCmd(ctx, argv...)
 	_ = rdb.Process(ctx, onceCmd{cmd})
 	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
@@ -50,4 +74,18 @@ func (s *script) run(ctx context.Context, rdb redis.UniversalClient, keys []stri
 	cmd = redis.NewCmd(ctx, argv...)
 	_ = rdb.Process(ctx, onceCmd{cmd})
 	return cmd
+}
+
+// notRun reports whether err says that a script certainly did not run: the
+// server turned it away before running it, or it was never sent.
+func notRun(err error) bool {
+	if err == nil {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	return redis.IsClusterDownError(err) || redis.IsTryAgainError(err) || redis.IsLoadingError(err) ||
+		redis.IsMasterDownError(err) || redis.HasErrorPrefix(err, "BUSY ")
 }

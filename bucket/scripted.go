@@ -117,6 +117,11 @@ func (s *scripted) reserve(ctx context.Context, script *script, key string, cost
 	if w < 0 {
 		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil
 	}
+	if w > max(maxWait, 0).Microseconds() {
+		// A reply the scripts never give (a proxy's, a server's bug): the
+		// caller's wait accounting must not trust it.
+		return Reservation{}, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
+	}
 	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, nil
 }
 

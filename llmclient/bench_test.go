@@ -66,8 +66,8 @@ func BenchmarkMeteredBody(b *testing.B) {
 		} {
 			name := body.name + "/" + usage.name
 			opts := []transport.Option{
-				transport.WithBucket(bucket.NewLocal(bucket.Limit{Rate: 1e12, Burst: 1e12},
-					bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 1e12, Burst: 1e12}))),
+				transport.WithBucket(bucket.NewLocal(bucket.Limit{Rate: 1e9, Burst: 1e9},
+					bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 1e9, Burst: 1e9}))),
 				transport.WithCost(func(*http.Request) bucket.Cost {
 					return bucket.Cost{bucket.Requests: 1, bucket.Tokens: 1000}
 				}),

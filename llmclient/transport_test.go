@@ -131,20 +131,20 @@ func TestAnthropicStreamCutShortKeepsTheCharge(t *testing.T) {
 
 // TestUsageFromALyingUpstream: a usage report is outside input. Through a
 // Transport metered by MeterUsage, 1e15 or 1e300 tokens became a debit as
-// large; a negative or unreadable amount is no report, and a sum that
-// overflows is none either: the estimate stands.
+// large; an amount beyond any burst, negative or unreadable is no report,
+// and a sum that overflows is none either: the estimate stands.
 func TestUsageFromALyingUpstream(t *testing.T) {
 	for _, tc := range []struct {
 		name, contentType, body string
 		tokens                  float64 // spent
 	}{
-		{"1e15", "application/json", `{"usage":{"total_tokens":1e15}}`, 1e12},
-		{"1e300", "application/json", `{"usage":{"total_tokens":1e300}}`, 1e12},
+		{"1e15", "application/json", `{"usage":{"total_tokens":1e15}}`, helloEstimate},
+		{"1e300", "application/json", `{"usage":{"total_tokens":1e300}}`, helloEstimate},
 		{"negative", "application/json", `{"usage":{"total_tokens":-5}}`, helloEstimate},
 		{"beyond float64", "application/json", `{"usage":{"total_tokens":1e400}}`, helloEstimate},
 		{"a sum that overflows", "application/json",
 			`{"usage":{"prompt_tokens":1.5e308,"completion_tokens":1.5e308}}`, helloEstimate},
-		{"stream: 1e300", "text/event-stream", "data: {\"choices\":[],\"usage\":{\"total_tokens\":1e300}}\n\n", 1e12},
+		{"stream: 1e300", "text/event-stream", "data: {\"choices\":[],\"usage\":{\"total_tokens\":1e300}}\n\n", helloEstimate},
 		{"stream: negative output", "text/event-stream",
 			"data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-5}}\n\n", helloEstimate},
 	} {

@@ -31,7 +31,7 @@ import (
 // output_tokens (Anthropic's cache reads do not count against its limits).
 // A field that is negative is taken as absent, and one that JSON cannot
 // hold in a float64 spoils its object; what the meter reports beyond
-// reason (infinite, or above 1e12) the Transport bounds (see
+// reason (infinite, or above 1e9) the Transport ignores (see
 // transport.WithUsage).
 // Other responses, and compressed bodies the caller decompresses, are not
 // metered (nil): their charge stands.

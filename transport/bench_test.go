@@ -39,7 +39,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 	newBase := func() *http.Transport {
 		return &http.Transport{MaxIdleConns: 4 * maxGoroutines, MaxIdleConnsPerHost: 4 * maxGoroutines}
 	}
-	huge := bucket.Limit{Rate: 1e12, Burst: 1e12}
+	huge := bucket.Limit{Rate: 1e9, Burst: 1e9}
 	for _, g := range benchGoroutines {
 		b.Run(fmt.Sprintf("g=%d", g), func(b *testing.B) { benchRoundTrip(b, srv.URL, g, newBase, huge) })
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"math"
 	"net/http"
 	"sync"
 
@@ -39,10 +38,10 @@ type UsageMeter interface {
 // off, the response has none), the charge stands: the bucket errs on the
 // side of the provider's limit. A usage report is outside input: an amount
 // that is not a number, infinite or negative is no report (the charge
-// stands in that dimension), and one above 1e12 counts as 1e12, which no
-// call costs; so that a refund is never larger than the charge, and the
-// bucket never gets a debit that float arithmetic cannot hold (the bucket
-// bounds the debit itself further). Without a bucket (WithBucket) there is
+// stands in that dimension), and so is one above 1e9, more than the burst
+// of any bucket, which no call can cost; so that a refund is never larger
+// than the charge, and a lie never reaches the bucket (which bounds every
+// debit at the dimension's burst besides). Without a bucket (WithBucket) there is
 // nothing to reconcile and f is not called. llmclient.MeterUsage reads the
 // usage of OpenAI-compatible and Anthropic responses.
 func WithUsage(f func(*http.Response) UsageMeter) Option {
@@ -120,18 +119,18 @@ func (b *meteredBody) finish() {
 	}
 }
 
-// maxUsage is the most a call is taken to have cost in one dimension
-// (see WithUsage).
-const maxUsage = 1e12
+// maxUsage is the most a call can have cost in one dimension: the largest
+// burst of a bucket.Limit (see WithUsage).
+const maxUsage = 1e9
 
 // reconcile adjusts key by what a call cost beyond what it was charged.
 func (t *Transport) reconcile(ctx context.Context, key string, charged, actual bucket.Cost) {
 	delta := make(bucket.Cost, len(actual))
 	for dim, v := range actual {
-		if !(v >= 0) || math.IsInf(v, 0) {
-			continue // NaN, infinite or negative: no report
+		if !(v >= 0 && v <= maxUsage) {
+			continue // NaN, infinite, negative or beyond any burst: no report
 		}
-		if d := min(v, maxUsage) - charged[dim]; d != 0 {
+		if d := v - charged[dim]; d != 0 {
 			delta[dim] = d
 		}
 	}
