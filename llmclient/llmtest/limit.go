@@ -84,14 +84,16 @@ func TokenBucket(n int64, period time.Duration, burst int64) Limit {
 // admits 21 at once (the burst and the one being served), then one every
 // 50 ms; after 1.05 s idle, 21 again.
 //
-// For requests of cost 1 this is nginx's law exactly, which keeps the
-// "excess" e = level - 1 after each admission in thousandths of a request
-// and time in milliseconds: on each request, e' = max(e - rate·elapsed +
-// 1, 0), where elapsed runs from the last admission (a key's first
-// request gives e' = 0); refused if e' > burst, else e = e'. Here time is
-// counted in nanoseconds rather than milliseconds, which is the only
-// difference: nginx reads a clock cached per event loop, and truncates
-// rate·elapsed to thousandths. It is the same law as TokenBucket(n,
+// For requests of cost 1 this is nginx's law exactly
+// (ngx_http_limit_req_lookup). nginx keeps, per key, the "excess" e after
+// the last admission, in thousandths of a request, and its time in
+// milliseconds; on each request e' = max(e - rate·elapsed + 1, 0), a key's
+// first request giving e' = 0; the request is refused if e' > burst, else
+// admitted with e = e'. That e is the level here, less the 1 being served.
+// The one difference is the clock: this one counts nanoseconds, nginx
+// milliseconds read once per event loop, truncating rate·elapsed (and a
+// rate per minute) to thousandths; for whole milliseconds and a rate per
+// second they agree on every request. It is the same law as TokenBucket(n,
 // period, burst+1), named for the limiter it models. It panics if n or
 // period is not positive, burst is negative, or the limit is too large to
 // count exactly (see TokenBucket).
