@@ -19,5 +19,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(restartWorkerEnv) != "" { // TestFleetRedisRestart's
 		os.Exit(restartWorker())
 	}
+	if os.Getenv(limitersWorkerEnv) != "" { // TestFleetAgainstRealLimiters'
+		os.Exit(limitersWorker())
+	}
 	redistest.Main(m)
 }

@@ -41,17 +41,20 @@ const (
 	tokenBucket
 	fixedWindow
 	slidingWindow
+	countingWindow
+	leakyBucket
 )
 
 // Limit is the hidden limit on one dimension, made by TokenBucket,
-// FixedWindow or SlidingWindow. The zero Limit limits nothing. Amounts are
+// LeakyBucket, FixedWindow, SlidingWindow or CountingSlidingWindow. The
+// zero Limit limits nothing. Amounts are
 // integers and time is counted in nanoseconds, so that admission is exact:
 // a test that moves the clock to a boundary knows the answer.
 type Limit struct {
 	alg    algorithm
 	n      int64         // admitted per period, in the long run
 	period time.Duration // window, or the time a token bucket takes to refill n
-	burst  int64         // a token bucket's capacity
+	burst  int64         // a token bucket's capacity; a leaky bucket's burst
 }
 
 // TokenBucket returns a token bucket that holds at most burst, starts full
@@ -67,6 +70,40 @@ func TokenBucket(n int64, period time.Duration, burst int64) Limit {
 	}
 	if _, _, ok := bucketScale(l); !ok {
 		panic(fmt.Sprintf("llmtest: TokenBucket(%d, %v, %d): too large to count exactly", n, period, burst))
+	}
+	return l
+}
+
+// LeakyBucket returns the limit of nginx's limit_req with burst and
+// nodelay (limit_req_zone ... rate=20r/s; limit_req zone=... burst=20
+// nodelay): a leaky bucket that drains n per period and refuses, rather
+// than queues, what would overflow it. Its level starts at 0 and drains
+// continuously, never below 0; a request is admitted if the level,
+// drained up to now, plus its cost is at most burst+1, and adds its cost;
+// a refused request changes nothing. LeakyBucket(20, time.Second, 20)
+// admits 21 at once (the burst and the one being served), then one every
+// 50 ms; after 1.05 s idle, 21 again.
+//
+// For requests of cost 1 this is nginx's law exactly
+// (ngx_http_limit_req_lookup). nginx keeps, per key, the "excess" e after
+// the last admission, in thousandths of a request, and its time in
+// milliseconds; on each request e' = max(e - rate·elapsed + 1, 0), a key's
+// first request giving e' = 0; the request is refused if e' > burst, else
+// admitted with e = e'. That e is the level here, less the 1 being served.
+// The one difference is the clock: this one counts nanoseconds, nginx
+// milliseconds read once per event loop, truncating rate·elapsed (and a
+// rate per minute) to thousandths; for whole milliseconds and a rate per
+// second they agree on every request. It is the same law as TokenBucket(n,
+// period, burst+1), named for the limiter it models. It panics if n or
+// period is not positive, burst is negative, or the limit is too large to
+// count exactly (see TokenBucket).
+func LeakyBucket(n int64, period time.Duration, burst int64) Limit {
+	l := Limit{alg: leakyBucket, n: n, period: period, burst: burst}
+	if n <= 0 || period <= 0 || burst < 0 || burst == math.MaxInt64 {
+		panic(fmt.Sprintf("llmtest: LeakyBucket(%d, %v, %d): n and period must be positive, burst not negative", n, period, burst))
+	}
+	if _, _, ok := bucketScale(l); !ok {
+		panic(fmt.Sprintf("llmtest: LeakyBucket(%d, %v, %d): too large to count exactly", n, period, burst))
 	}
 	return l
 }
@@ -98,6 +135,31 @@ func SlidingWindow(n int64, window time.Duration) Limit {
 	return Limit{alg: slidingWindow, n: n, period: window}
 }
 
+// CountingSlidingWindow returns a SlidingWindow that counts refused
+// requests too, as haproxy's stick tables do (http-request track-sc0 src,
+// then deny if sc_http_req_rate(0) gt n) and as OpenAI says its limits
+// do: an exact log of every request, admitted or refused by any limit, by
+// which a request is admitted if the cost of the requests in the window
+// that ends now, plus its own, is at most n. A request at t counts until
+// t+window, excluded. So an admitted request and every request of the
+// window before it, refused ones included, cost at most n; a client that
+// keeps sending more than n per window is refused for as long as it does,
+// and only a pause lets the window drain. A request larger than n, which
+// never fits, is not counted. A 429's wait counts the refused request
+// itself: it is the time until the request fits if it waits and nobody
+// else sends. It panics if n or window is not positive.
+//
+// haproxy's http_req_rate(window) approximates this window: it counts in
+// consecutive periods of its length and reads the current period's count
+// plus the previous period's, weighted by the share of the previous
+// period still inside the window.
+func CountingSlidingWindow(n int64, window time.Duration) Limit {
+	if n <= 0 || window <= 0 {
+		panic(fmt.Sprintf("llmtest: CountingSlidingWindow(%d, %v): arguments must be positive", n, window))
+	}
+	return Limit{alg: countingWindow, n: n, period: window}
+}
+
 // Rate returns the most l admits per second in the long run, the line a
 // chart of admissions stays under; 0 for the zero Limit.
 func (l Limit) Rate() float64 {
@@ -107,34 +169,43 @@ func (l Limit) Rate() float64 {
 	return float64(l.n) / l.period.Seconds()
 }
 
-// String describes l: "token bucket 500 per 1m0s, burst 500", "fixed window
-// 20 per 1s", "sliding window 20 per 1s" or "unlimited".
+// String describes l: "token bucket 500 per 1m0s, burst 500", "leaky
+// bucket 20 per 1s, burst 20", "fixed window 20 per 1s", "sliding window 20
+// per 1s", "counting sliding window 20 per 1s" or "unlimited".
 func (l Limit) String() string {
 	switch l.alg {
 	case tokenBucket:
 		return fmt.Sprintf("token bucket %d per %v, burst %d", l.n, l.period, l.burst)
+	case leakyBucket:
+		return fmt.Sprintf("leaky bucket %d per %v, burst %d", l.n, l.period, l.burst)
 	case fixedWindow:
 		return fmt.Sprintf("fixed window %d per %v", l.n, l.period)
 	case slidingWindow:
 		return fmt.Sprintf("sliding window %d per %v", l.n, l.period)
+	case countingWindow:
+		return fmt.Sprintf("counting sliding window %d per %v", l.n, l.period)
 	}
 	return "unlimited"
 }
 
 // capacity is the most l admits at once: the value of a "limit" header.
 func (l Limit) capacity() int64 {
-	if l.alg == tokenBucket {
+	switch l.alg {
+	case tokenBucket:
 		return l.burst
+	case leakyBucket:
+		return l.burst + 1
 	}
 	return l.n
 }
 
 // window is the length of time l's capacity applies to: a window, or the
-// time an empty token bucket takes to fill, rounded up to a nanosecond.
+// time an empty token bucket (a full leaky one) takes to fill (to
+// drain), rounded up to a nanosecond.
 func (l Limit) window() time.Duration {
-	if l.alg == tokenBucket {
+	if l.alg == tokenBucket || l.alg == leakyBucket {
 		a, b, _ := bucketScale(l)
-		return time.Duration(ceilDiv(l.burst*b, a))
+		return time.Duration(ceilDiv(l.capacity()*b, a))
 	}
 	return l.period
 }
@@ -143,14 +214,18 @@ func (l Limit) window() time.Duration {
 // if l limits nothing.
 func (l Limit) newMeter(now int64) meter {
 	switch l.alg {
-	case tokenBucket:
+	case tokenBucket, leakyBucket:
+		// A leaky bucket's level is the room a token bucket of its
+		// capacity lacks: one drains as the other refills, up to the
+		// capacity, and a cost fits in one where it fits in the other.
 		a, b, _ := bucketScale(l)
-		return &bucketMeter{a: a, b: b, capacity: l.burst * b, level: l.burst * b, last: now}
+		c := l.capacity() * b
+		return &bucketMeter{a: a, b: b, capacity: c, level: c, last: now}
 	case fixedWindow:
 		w := int64(l.period)
 		return &fixedMeter{n: l.n, w: w, start: now - floorMod(now, w)}
-	case slidingWindow:
-		return &slidingMeter{n: l.n, w: int64(l.period)}
+	case slidingWindow, countingWindow:
+		return &slidingMeter{n: l.n, w: int64(l.period), counting: l.alg == countingWindow}
 	}
 	return nil
 }
@@ -164,6 +239,9 @@ type meter interface {
 	wait(now, cost int64) (time.Duration, bool)
 	// take counts cost, which fits.
 	take(now, cost int64)
+	// refuse counts cost, which a limit refused (this one or another),
+	// if the meter counts refused requests.
+	refuse(now, cost int64)
 	// status returns how much would fit now and how long until the meter
 	// is whole again (nothing counted against it).
 	status(now int64) (remaining int64, reset time.Duration)
@@ -180,13 +258,14 @@ type bucketMeter struct {
 	last     int64 // time of level
 }
 
-// bucketScale returns a and b of a token bucket's meter, and false if its
-// capacity plus a nanosecond's refill would not fit in an int64.
+// bucketScale returns a and b of a token or leaky bucket's meter, and
+// false if its capacity plus a nanosecond's refill would not fit in an
+// int64.
 func bucketScale(l Limit) (a, b int64, ok bool) {
 	p := int64(l.period)
 	g := gcd(l.n, p)
 	a, b = l.n/g, p/g
-	return a, b, b <= (math.MaxInt64-a)/l.burst
+	return a, b, b <= (math.MaxInt64-a)/l.capacity()
 }
 
 func (m *bucketMeter) advance(now int64) {
@@ -217,6 +296,8 @@ func (m *bucketMeter) take(now, cost int64) {
 	m.advance(now)
 	m.level -= cost * m.b
 }
+
+func (m *bucketMeter) refuse(int64, int64) {}
 
 func (m *bucketMeter) status(now int64) (int64, time.Duration) {
 	m.advance(now)
@@ -252,6 +333,8 @@ func (m *fixedMeter) take(now, cost int64) {
 	m.used += cost
 }
 
+func (m *fixedMeter) refuse(int64, int64) {}
+
 func (m *fixedMeter) status(now int64) (int64, time.Duration) {
 	m.advance(now)
 	if m.used == 0 {
@@ -260,11 +343,13 @@ func (m *fixedMeter) status(now int64) (int64, time.Duration) {
 	return m.n - m.used, time.Duration(m.start + m.w - now)
 }
 
-// slidingMeter logs the admissions of the last w nanoseconds, oldest first.
+// slidingMeter logs the admissions of the last w nanoseconds, oldest
+// first, and if counting the refusals too.
 type slidingMeter struct {
-	n, w int64
-	log  []admission
-	sum  int64 // of the costs in log
+	n, w     int64
+	counting bool
+	log      []admission
+	sum      int64 // of the costs in log
 }
 
 // admission is cost admitted at t (Unix nanoseconds).
@@ -290,8 +375,8 @@ func (m *slidingMeter) wait(now, cost int64) (time.Duration, bool) {
 	if excess <= 0 {
 		return 0, true
 	}
-	// The oldest entries whose expiry frees excess; the log holds at most
-	// n, so the loop ends within it.
+	// The oldest entries whose expiry frees excess; excess is at most sum
+	// since cost is at most n, so the loop ends within the log.
 	i := 0
 	for ; excess > 0; i++ {
 		excess -= m.log[i].cost
@@ -307,12 +392,18 @@ func (m *slidingMeter) take(now, cost int64) {
 	}
 }
 
+func (m *slidingMeter) refuse(now, cost int64) {
+	if m.counting && cost <= m.n {
+		m.take(now, cost)
+	}
+}
+
 func (m *slidingMeter) status(now int64) (int64, time.Duration) {
 	m.advance(now)
 	if len(m.log) == 0 {
 		return m.n, 0
 	}
-	return m.n - m.sum, time.Duration(m.log[len(m.log)-1].t + m.w - now)
+	return max(m.n-m.sum, 0), time.Duration(m.log[len(m.log)-1].t + m.w - now)
 }
 
 func gcd(a, b int64) int64 {

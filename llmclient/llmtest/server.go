@@ -24,6 +24,12 @@ type Config struct {
 	// RetryAfterMs adds retry-after-ms, the wait in milliseconds rounded
 	// up, to the Retry-After of a 429.
 	RetryAfterMs bool
+	// RetryAfter, if positive, replaces the wait that a 429's Retry-After
+	// (and retry-after-ms) reports, as a proxy in front of an API
+	// configured to send a constant header does (nginx's add_header,
+	// haproxy's deny ... hdr). Negative sends neither header, as nginx's
+	// limit_req and haproxy's deny do by default. Zero reports the wait.
+	RetryAfter time.Duration
 	// ReplyTokens is the length in tokens of every completion, unless the
 	// request caps it lower; zero means 16.
 	ReplyTokens int
@@ -91,7 +97,8 @@ const (
 //
 // Beyond the limits the answer is 429 with an OpenAI error body ("type" is
 // the dimension that refused, "code" rate_limit_exceeded) and Retry-After:
-// the time until the request would fit, in seconds rounded up. A request
+// the time until the request would fit, in seconds rounded up (see
+// Config.RetryAfter). A request
 // larger than a limit's capacity can never fit: it answers 429 "Request too
 // large" without Retry-After.
 //
@@ -240,7 +247,12 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, req *ChatRequest
 		return
 	default:
 		q := d.quotas[d.dim]
-		setRetryAfter(w.Header(), d.wait, h.cfg.RetryAfterMs)
+		switch ra := h.cfg.RetryAfter; {
+		case ra == 0:
+			setRetryAfter(w.Header(), d.wait, h.cfg.RetryAfterMs)
+		case ra > 0:
+			setRetryAfter(w.Header(), ra, h.cfg.RetryAfterMs)
+		}
 		writeError(w, http.StatusTooManyRequests, d.dim.String(), "rate_limit_exceeded", fmt.Sprintf(
 			"Rate limit reached for %s (%v): Limit %d, Remaining %d, Requested %d. Please try again in %s.",
 			d.dim, q.limit, q.limit.capacity(), q.remaining, cost[d.dim], openAIDuration(d.wait)))
@@ -278,24 +290,45 @@ func (h *Handler) admit(cost [numDims]int64, a *answer) decision {
 	defer h.mu.Unlock()
 	now := h.tick()
 	d := decision{now: time.Unix(0, now)}
-	never := false
+	var refusing [numDims]bool
 	for i, m := range h.meters {
 		if m == nil {
 			continue
 		}
-		wait, ok := m.wait(now, cost[i])
-		if ok && wait == 0 {
-			continue
+		if wait, ok := m.wait(now, cost[i]); !ok || wait > 0 {
+			refusing[i], d.refused = true, true
+			h.stats.RejectedBy[i]++
 		}
-		h.stats.RejectedBy[i]++
-		if !never && (!ok || !d.refused || wait > d.wait) {
-			d.dim, d.wait, never = Dimension(i), wait, !ok
-		}
-		d.refused = true
 	}
 	if d.refused {
 		h.stats.Rejected++
 		h.rejected = append(h.rejected, now)
+		// The limits that count refusals count this one, then the waits
+		// are read: a retry is counted against what it waited for.
+		for i, m := range h.meters {
+			if m != nil {
+				m.refuse(now, cost[i])
+			}
+		}
+		// The wait is until the request fits every limit; the dimension
+		// named is the first refusing one that never fits it, else the
+		// refusing one that fits it last.
+		never, named := false, false
+		var longest time.Duration
+		for i, m := range h.meters {
+			if m == nil || never {
+				continue
+			}
+			wait, ok := m.wait(now, cost[i])
+			switch {
+			case !ok:
+				d.dim, d.wait, never = Dimension(i), 0, true
+				continue
+			case refusing[i] && (!named || wait > longest):
+				d.dim, longest, named = Dimension(i), wait, true
+			}
+			d.wait = max(d.wait, wait)
+		}
 	} else {
 		for i, m := range h.meters {
 			if m != nil {

@@ -30,8 +30,9 @@ func (h *Handler) Stats() Stats {
 // MaxInWindow returns the most the limits admitted in any interval
 // [t, t+w) since h was made or last Reset, exactly, by the clock: requests,
 // or tokens charged at admission. It is the figure to hold against a
-// limit: a SlidingWindow(n, w) keeps it at most n, a FixedWindow(n, w) or
-// a TokenBucket(n, w, n) at most 2n. It is 0 if w <= 0.
+// limit: a SlidingWindow(n, w) or CountingSlidingWindow(n, w) keeps it at
+// most n, a FixedWindow(n, w) or a TokenBucket(n, w, n) at most 2n, a
+// LeakyBucket(n, w, n) at most 2n+1. It is 0 if w <= 0.
 func (h *Handler) MaxInWindow(d Dimension, w time.Duration) int64 {
 	if w <= 0 {
 		return 0

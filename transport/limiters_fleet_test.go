@@ -1,0 +1,536 @@
+package transport_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/llmclient/llmtest"
+	"github.com/sluicehq/sluice/transport"
+)
+
+// The fleet of TestFleetAgainstRealLimiters: limitersProcs processes of
+// limitersGoroutines goroutines make limitersCalls calls in all against a
+// limiter of limitersRate requests per second.
+const (
+	limitersProcs      = 4
+	limitersGoroutines = 8
+	limitersCalls      = 300
+	limitersRate       = 20
+	// limitersCutoff ends a scenario: a call not done by then, from the
+	// common start, is lost.
+	limitersCutoff = 40 * time.Second
+)
+
+// limitersIdeal is the least makespan a limit of limitersRate with a burst
+// of limitersRate allows: the burst at once, then limitersRate a second.
+const limitersIdeal = time.Duration(float64(limitersCalls-limitersRate) / limitersRate * float64(time.Second))
+
+// limitersWorkerEnv holds, in a worker process of
+// TestFleetAgainstRealLimiters (this test binary started again), its
+// limitersWorkerConfig as JSON.
+const limitersWorkerEnv = "SLUICE_TRANSPORT_LIMITERS_WORKER"
+
+// limitersWorkerConfig is what a worker process is told to do.
+type limitersWorkerConfig struct {
+	Redis      string
+	Key        string // the one bucket key of the scenario
+	URL        string
+	Calls      int
+	Goroutines int
+	Rate       float64 // of sluice's bucket, per second
+}
+
+// limitersResult is what a worker prints on stdout when it is done.
+type limitersResult struct {
+	OK       int   // calls whose final response is 200
+	Lost     int   // calls whose final response is not 200, or an error
+	Attempts int64 // requests sent, retries included
+	By429    []int // 429s received by second from the start
+	Last     int64 // Unix nanoseconds of its last completion
+	Err      string
+}
+
+// limitersWorker runs one worker process of TestFleetAgainstRealLimiters
+// and returns its exit code. It prints "ready" once set up, reads the Unix
+// nanoseconds at which to begin from stdin, makes its calls through one
+// http.Client whose transport.New has the defaults but a Redis bucket at
+// cfg.Rate on one key, then prints a limitersResult.
+func limitersWorker() int {
+	var cfg limitersWorkerConfig
+	if err := json.Unmarshal([]byte(os.Getenv(limitersWorkerEnv)), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "limiters worker: config:", err)
+		return 2
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis, PoolSize: 2 * cfg.Goroutines})
+	defer rdb.Close()
+	b := bucket.NewRedis(rdb, bucket.PerSecond(cfg.Rate))
+	// Connect and load the scripts before the start, on a key of its own.
+	if _, err := b.Reserve(context.Background(), cfg.Key+"-warm-up", bucket.N(1), 0); err != nil {
+		fmt.Fprintln(os.Stderr, "limiters worker: redis:", err)
+		return 2
+	}
+	base := &http.Transport{MaxIdleConnsPerHost: 2 * cfg.Goroutines}
+	defer base.CloseIdleConnections()
+	var (
+		start    time.Time // set before the first call
+		attempts atomic.Int64
+		mu       sync.Mutex
+		res      limitersResult
+	)
+	// counted is the base transport, counting what the limiter answers.
+	counted := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+		attempts.Add(1)
+		resp, err := base.RoundTrip(r)
+		if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+			s := int(time.Since(start) / time.Second)
+			mu.Lock()
+			for len(res.By429) <= s {
+				res.By429 = append(res.By429, 0)
+			}
+			res.By429[s]++
+			mu.Unlock()
+		}
+		return resp, err
+	})
+	client := &http.Client{Transport: transport.New(counted,
+		transport.WithBucket(b),
+		transport.WithKey(func(*http.Request) string { return cfg.Key }))}
+
+	fmt.Println("ready")
+	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+	startNs, perr := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	if err != nil || perr != nil {
+		fmt.Fprintln(os.Stderr, "limiters worker: start time:", err, perr)
+		return 2
+	}
+	start = time.Unix(0, startNs)
+	time.Sleep(time.Until(start))
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(limitersCutoff))
+	defer cancel()
+
+	var (
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for range cfg.Goroutines {
+		wg.Go(func() {
+			for next.Add(1) <= int64(cfg.Calls) {
+				code, err := func() (int, error) {
+					req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.URL, nil)
+					if err != nil {
+						return 0, err
+					}
+					resp, err := client.Do(req)
+					if err != nil {
+						return 0, err
+					}
+					defer resp.Body.Close()
+					_, err = io.Copy(io.Discard, resp.Body)
+					return resp.StatusCode, err
+				}()
+				now := time.Now().UnixNano()
+				mu.Lock()
+				switch {
+				case err == nil && code == http.StatusOK:
+					res.OK++
+				default:
+					res.Lost++
+					if res.Err == "" && err != nil {
+						res.Err = err.Error()
+					} else if res.Err == "" {
+						res.Err = "status " + strconv.Itoa(code)
+					}
+				}
+				res.Last = max(res.Last, now)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	res.Attempts = attempts.Load()
+	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// A limiter of TestFleetAgainstRealLimiters: one of llmtest's shapes, or a
+// real proxy in front of an unlimited llmtest server.
+const (
+	fakeCounting = "llmtest counting window" // CountingSlidingWindow
+	fakeLeaky    = "llmtest leaky bucket"    // LeakyBucket
+	realHAProxy  = "haproxy"                 // stick table on http_req_rate(1s)
+	realNginx    = "nginx"                   // limit_req burst nodelay
+)
+
+// limitersScenario is one run of TestFleetAgainstRealLimiters.
+type limitersScenario struct {
+	limiter    string
+	retryAfter bool    // the limiter's 429s say Retry-After: 1
+	rate       float64 // of sluice's bucket
+}
+
+func (sc limitersScenario) name() string {
+	ra := "no-retry-after"
+	if sc.retryAfter {
+		ra = "retry-after-1"
+	}
+	return fmt.Sprintf("%s/%s/sluice-%g", strings.ReplaceAll(sc.limiter, " ", "-"), ra, sc.rate)
+}
+
+// limitersRun is what one scenario measured.
+type limitersRun struct {
+	ok, lost    int
+	throttled   int   // 429s the workers got
+	attempts    int64 // requests the workers sent
+	makespan    time.Duration
+	by429       []int   // by second, summed over the workers
+	admitted    []int64 // requests the llmtest server behind the limiter answered, by second
+	cuts        string  // sluice's decreases
+	errs        []string
+	limiterDesc string
+}
+
+// TestFleetAgainstRealLimiters measures sluice against the two shapes of
+// limiter that issue "Learn the provider's real limit" names, which
+// llmtest's TokenBucket, FixedWindow and SlidingWindow lack: a sliding
+// window that counts refused requests too (haproxy's stick table on
+// http_req_rate(1s), and OpenAI by its own account), and a leaky bucket
+// that admits burst+1 at once and refuses the excess (nginx's limit_req
+// burst=20 nodelay). Each is run as llmtest's CountingSlidingWindow and
+// LeakyBucket and, where the binaries are installed, as the real haproxy
+// and nginx reverse-proxying an unlimited llmtest server on loopback; all
+// at 20 requests per second, their 429s with Retry-After: 1 or without
+// any, against sluice's Redis bucket at the true limit
+// (bucket.PerSecond(20)) and at twice it. Each scenario is
+// limitersProcs processes of limitersGoroutines goroutines making
+// limitersCalls calls in all, each process one http.Client through
+// transport.New with the default options but the bucket and one key.
+//
+// It is a measurement, logged as a table: 429s per call, calls lost (whose
+// final response is not 200, or an error: the default retries are 3
+// attempts), makespan against the ideal. It asserts only that every
+// scenario ran, and runs only with SLUICE_LIMITERS_FLEET=1; without nginx
+// or haproxy it skips their scenarios, or fails with SLUICE_STRICT=1.
+// Scenarios run as parallel subtests: -parallel sets how many at once.
+func TestFleetAgainstRealLimiters(t *testing.T) {
+	if os.Getenv("SLUICE_LIMITERS_FLEET") != "1" {
+		t.Skip("a measurement of a minute or more: set SLUICE_LIMITERS_FLEET=1")
+	}
+	addr := redistest.Addr(t)
+	var scenarios []limitersScenario
+	for _, limiter := range []string{fakeCounting, realHAProxy, fakeLeaky, realNginx} {
+		for _, ra := range []bool{false, true} {
+			for _, rate := range []float64{limitersRate, 2 * limitersRate} {
+				scenarios = append(scenarios, limitersScenario{limiter, ra, rate})
+			}
+		}
+	}
+	runs := make([]*limitersRun, len(scenarios))
+	began := time.Now()
+	t.Run("scenarios", func(t *testing.T) {
+		for i, sc := range scenarios {
+			t.Run(sc.name(), func(t *testing.T) {
+				t.Parallel()
+				r := runLimitersFleet(t, addr, sc)
+				runs[i] = r
+				t.Logf("%s: 429s by second: %v\nadmitted by second: %v\ndecreases (time: fraction of the ceiling): %s\nerrors: %v",
+					r.limiterDesc, r.by429, r.admitted, r.cuts, r.errs)
+				assert.Equal(t, limitersCalls, r.ok+r.lost, "every call is accounted for")
+			})
+		}
+	})
+	wall := time.Since(began)
+
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\n%d processes x %d goroutines, %d calls, limiters at %d/s; ideal makespan %.0fs ((calls-burst)/rate); wall time %.1fs\n",
+		limitersProcs, limitersGoroutines, limitersCalls, limitersRate, limitersIdeal.Seconds(), wall.Seconds())
+	fmt.Fprintf(&sb, "%-26s %-13s %-8s %4s %5s %6s %8s %5s %9s %7s\n",
+		"limiter", "Retry-After", "sluice", "ok", "lost", "429s", "429 %", "sent", "makespan", "x ideal")
+	for i, sc := range scenarios {
+		r := runs[i]
+		if r == nil {
+			continue
+		}
+		ra := "none"
+		if sc.retryAfter {
+			ra = "1"
+		}
+		fmt.Fprintf(&sb, "%-26s %-13s %-8s %4d %5d %6d %7.1f%% %5d %8.2fs %7.2f\n",
+			sc.limiter, ra, fmt.Sprintf("%g/s", sc.rate), r.ok, r.lost, r.throttled,
+			100*float64(r.throttled)/limitersCalls, r.attempts, r.makespan.Seconds(), r.makespan.Seconds()/limitersIdeal.Seconds())
+	}
+	t.Log(sb.String())
+}
+
+// runLimitersFleet runs sc's limiter and worker processes and returns what
+// they measured; it skips (fails, if strict) when sc's proxy is not
+// installed.
+func runLimitersFleet(t *testing.T, addr string, sc limitersScenario) *limitersRun {
+	run := &limitersRun{}
+	var srv *llmtest.Server
+	url := ""
+	switch sc.limiter {
+	case fakeCounting, fakeLeaky:
+		cfg := llmtest.Config{Requests: llmtest.CountingSlidingWindow(limitersRate, time.Second), RetryAfter: -1}
+		if sc.limiter == fakeLeaky {
+			cfg.Requests = llmtest.LeakyBucket(limitersRate, time.Second, limitersRate)
+		}
+		if sc.retryAfter {
+			cfg.RetryAfter = time.Second
+		}
+		srv = llmtest.NewServer(cfg)
+		t.Cleanup(srv.Close)
+		url = srv.URL + "/ping"
+		run.limiterDesc = cfg.Requests.String()
+	case realHAProxy, realNginx:
+		srv = llmtest.NewServer(llmtest.Config{})
+		t.Cleanup(srv.Close)
+		upstream := strings.TrimSuffix(strings.TrimPrefix(srv.URL, "http://"), "/v1")
+		port := startProxy(t, sc.limiter, upstream, sc.retryAfter)
+		url = fmt.Sprintf("http://127.0.0.1:%d/v1/ping", port)
+		run.limiterDesc = fmt.Sprintf("%s on 127.0.0.1:%d in front of llmtest on %s", sc.limiter, port, upstream)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), limitersCutoff+30*time.Second)
+	defer cancel()
+	type proc struct {
+		cmd    *exec.Cmd
+		stdin  io.WriteCloser
+		stdout *bufio.Reader
+		stderr strings.Builder
+	}
+	var procs []*proc
+	defer func() {
+		cancel() // kills the workers still running
+		for _, p := range procs {
+			p.cmd.Wait() // a no-op once waited for
+		}
+	}()
+	key := fmt.Sprintf("limiters-%s-%d", sc.name(), time.Now().UnixNano())
+	share := limitersCalls / limitersProcs
+	for i := range limitersProcs {
+		calls := share
+		if i == 0 {
+			calls += limitersCalls - share*limitersProcs
+		}
+		cfg, err := json.Marshal(limitersWorkerConfig{Redis: addr, Key: key, URL: url,
+			Calls: calls, Goroutines: limitersGoroutines, Rate: sc.rate})
+		require.NoError(t, err)
+		p := &proc{cmd: exec.CommandContext(ctx, os.Args[0], "-test.run=^$")}
+		p.cmd.Env = append(os.Environ(), limitersWorkerEnv+"="+string(cfg))
+		p.cmd.Stderr = &p.stderr
+		p.stdin, err = p.cmd.StdinPipe()
+		require.NoError(t, err)
+		out, err := p.cmd.StdoutPipe()
+		require.NoError(t, err)
+		p.stdout = bufio.NewReader(out)
+		require.NoError(t, p.cmd.Start())
+		procs = append(procs, p)
+	}
+	for i, p := range procs {
+		line, err := p.stdout.ReadString('\n')
+		require.True(t, err == nil && line == "ready\n", "worker %d not ready: %q %v: %s", i+1, line, err, p.stderr.String())
+	}
+	srv.Reset() // counters and Series from about the start
+	start := time.Now().Add(100 * time.Millisecond)
+	cuts := watchDecreases(ctx, addr, "sluice:{"+key+"}", start)
+	for _, p := range procs {
+		_, err := fmt.Fprintln(p.stdin, start.UnixNano())
+		require.NoError(t, err)
+		p.stdin.Close()
+	}
+	var last int64
+	for i, p := range procs {
+		out, err := io.ReadAll(p.stdout)
+		require.NoError(t, err)
+		require.NoError(t, p.cmd.Wait(), "worker %d: %s", i+1, p.stderr.String())
+		var r limitersResult
+		require.NoError(t, json.Unmarshal(out, &r), "worker %d output %q", i+1, out)
+		if r.Err != "" {
+			run.errs = append(run.errs, fmt.Sprintf("worker %d: %s", i+1, r.Err))
+		}
+		run.ok += r.OK
+		run.lost += r.Lost
+		run.attempts += r.Attempts
+		for s, n := range r.By429 {
+			for len(run.by429) <= s {
+				run.by429 = append(run.by429, 0)
+			}
+			run.by429[s] += n
+			run.throttled += n
+		}
+		last = max(last, r.Last)
+	}
+	run.makespan = time.Unix(0, last).Sub(start)
+	run.cuts = cuts()
+	for _, pt := range srv.Series(time.Second) {
+		run.admitted = append(run.admitted, pt.Requests)
+	}
+	return run
+}
+
+// startProxy starts the real limiter kind (realHAProxy or realNginx) in
+// the foreground on a free loopback port, proxying to upstream (host:port)
+// at limitersRate requests per second, its 429s with Retry-After: 1 if
+// retryAfter; it returns the port once the proxy accepts connections, and
+// stops the proxy when t is done. It skips t if the binary is not
+// installed, or fails it with SLUICE_STRICT=1.
+func startProxy(t *testing.T, kind, upstream string, retryAfter bool) int {
+	bin, err := lookBin(kind)
+	if err != nil {
+		if redistest.Strict() {
+			t.Fatalf("%s required (SLUICE_STRICT=1) but not installed: %v", kind, err)
+		}
+		t.Skipf("%s not installed: %v", kind, err)
+	}
+	port, err := freeLoopbackPort()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	conf := filepath.Join(dir, kind+".conf")
+	var args []string
+	switch kind {
+	case realNginx:
+		// master_process off: one process, in the foreground, as the
+		// user running the test; every path under dir.
+		ra := ""
+		if retryAfter {
+			ra = "1"
+		}
+		cfg := fmt.Sprintf(`daemon off;
+master_process off;
+worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 1024; }
+http {
+	access_log off;
+	client_body_temp_path %[1]s/client_body;
+	proxy_temp_path %[1]s/proxy;
+	fastcgi_temp_path %[1]s/fastcgi;
+	uwsgi_temp_path %[1]s/uwsgi;
+	scgi_temp_path %[1]s/scgi;
+	limit_req_zone $binary_remote_addr zone=llm:1m rate=%[2]dr/s;
+	limit_req_status 429;
+	# Retry-After on the 429s only: add_header skips an empty value.
+	map $status $retry_after { 429 "%[3]s"; default ""; }
+	upstream llm { server %[4]s; keepalive 64; }
+	server {
+		listen 127.0.0.1:%[5]d;
+		location / {
+			limit_req zone=llm burst=%[2]d nodelay;
+			add_header Retry-After $retry_after always;
+			proxy_pass http://llm;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+		}
+	}
+}
+`, dir, limitersRate, ra, upstream, port)
+		require.NoError(t, os.WriteFile(conf, []byte(cfg), 0o600))
+		args = []string{"-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", conf}
+	case realHAProxy:
+		hdr := ""
+		if retryAfter {
+			hdr = " hdr Retry-After 1"
+		}
+		// track-sc0 counts every request in http_req_rate, the denied
+		// ones too, before the deny reads it.
+		cfg := fmt.Sprintf(`global
+	maxconn 1024
+defaults
+	mode http
+	timeout connect 5s
+	timeout client 60s
+	timeout server 60s
+frontend llm
+	bind 127.0.0.1:%[1]d
+	stick-table type ip size 100 expire 60s store http_req_rate(1s)
+	http-request track-sc0 src
+	http-request deny deny_status 429%[2]s if { sc_http_req_rate(0) gt %[3]d }
+	default_backend llm
+backend llm
+	server upstream %[4]s
+`, port, hdr, limitersRate, upstream)
+		require.NoError(t, os.WriteFile(conf, []byte(cfg), 0o600))
+		require.NoError(t, exec.Command(bin, "-c", "-q", "-f", conf).Run(), "haproxy -c %s", conf)
+		args = []string{"-db", "-f", conf}
+	}
+	cmd := exec.Command(bin, args...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	require.NoError(t, cmd.Start())
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	// Ready when it accepts a connection; a request would count.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return port
+		}
+		select {
+		case <-exited:
+			t.Fatalf("%s exited: %s", kind, out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not listening on %d: %v: %s", kind, port, err, out.String())
+		}
+	}
+}
+
+// lookBin finds the binary of kind on PATH or in /usr/sbin, where Debian
+// puts nginx and haproxy.
+func lookBin(kind string) (string, error) {
+	if p, err := exec.LookPath(kind); err == nil {
+		return p, nil
+	}
+	p := filepath.Join("/usr/sbin", kind)
+	if _, err := os.Stat(p); err != nil {
+		return "", errors.New(kind + " is neither on PATH nor in /usr/sbin")
+	}
+	return p, nil
+}
+
+// freeLoopbackPort returns a TCP port free on 127.0.0.1 a moment ago.
+func freeLoopbackPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
