@@ -180,6 +180,7 @@ var (
 // call it from TestMain. If none can be started, tests that call Client or
 // Addr skip (or fail, with SLUICE_STRICT=1).
 func Main(m *testing.M) {
+	redis.SetLogger(quiet{}) // servers stopped on purpose are no news
 	pkgServer, errPkg = Start()
 	code := m.Run()
 	if pkgServer != nil {
@@ -187,6 +188,11 @@ func Main(m *testing.M) {
 	}
 	os.Exit(code)
 }
+
+// quiet is a go-redis logger that logs nothing.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 // Addr returns the address of the package's redis-server, or skips t.
 func Addr(t testing.TB) string {
