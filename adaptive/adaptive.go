@@ -180,7 +180,7 @@ type Policy struct {
 	// cost more than it saves.
 	ThresholdWindows float64
 	// Floor is the lowest fraction of the ceiling the rate falls to, in
-	// (0, 1]. Default 0.02.
+	// [1e-6, 1]. Default 0.02.
 	Floor float64
 	// Recovery is the law of the climb back. Default Cubic.
 	Recovery Recovery
@@ -269,8 +269,8 @@ func (p Policy) Validate() error {
 		return bad("Threshold (want >= 1)", float64(p.Threshold))
 	case !(p.ThresholdWindows > 0) || math.IsInf(p.ThresholdWindows, 0):
 		return bad("ThresholdWindows (want > 0)", p.ThresholdWindows)
-	case !(p.Floor > 0 && p.Floor <= 1):
-		return bad("Floor (want 0 < f <= 1)", p.Floor)
+	case !(p.Floor >= 1e-6 && p.Floor <= 1):
+		return bad("Floor (want 1e-6 <= f <= 1)", p.Floor) // kept in millionths
 	case !(p.RecoveryWindows > 0) || math.IsInf(p.RecoveryWindows, 0):
 		return bad("RecoveryWindows (want > 0)", p.RecoveryWindows)
 	case !(p.MinEpoch >= 0) || math.IsInf(p.MinEpoch, 0):

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,10 +21,12 @@ type contact struct {
 	done   atomic.Bool // made, nothing wrong found
 	failed atomic.Bool // the last try found Redis unavailable
 
-	mu  sync.Mutex   // held while one is made
-	err *ConfigError // what was wrong, if anything
-	at  time.Time    // when err was found
+	lock chan struct{} // holds a value while one is made
+	err  *ConfigError  // what was wrong, if anything
+	at   time.Time     // when err was found
 }
+
+func newContact() contact { return contact{lock: make(chan struct{}, 1)} }
 
 // errContacting is the cause of the *UnavailableError of a call that found
 // another one making the contact, after a contact that failed.
@@ -41,11 +42,19 @@ func (c *contact) ready(ctx context.Context, f *failover) error {
 		return nil
 	}
 	if !c.failed.Load() {
-		c.mu.Lock()
-	} else if !c.mu.TryLock() {
-		return &UnavailableError{Addr: f.addr, Err: errContacting}
+		select {
+		case c.lock <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	} else {
+		select {
+		case c.lock <- struct{}{}:
+		default:
+			return &UnavailableError{Addr: f.addr, Err: errContacting}
+		}
 	}
-	defer c.mu.Unlock()
+	defer func() { <-c.lock }()
 	if c.done.Load() {
 		return nil
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -107,9 +108,10 @@ const (
 	defaultRedisTimeout = 250 * time.Millisecond
 	slowFactor          = 8
 	maxRedisTimeout     = 5 * time.Second
-	// contactTimeout bounds the first contact with Redis (a new connection,
-	// INFO, the scripts loaded): four round trips, at 400 ms each or more.
-	contactTimeout = 2 * time.Second
+	// contactTimeout bounds the first contact with Redis: a new connection
+	// (go-redis's handshake), INFO, then the scripts loaded, about nine
+	// round trips in all: at 500 ms each.
+	contactTimeout = 5 * time.Second
 	// defaultBreakerTimeout is how long the breaker stays open before it
 	// lets one call probe Redis again: while Redis is down, one call per
 	// period pays at most one Redis timeout; once it is back, calls return
@@ -131,6 +133,9 @@ const (
 const (
 	beatInterval = time.Second
 	memberTTL    = 10 * time.Second
+	// maxMembers is the largest count believed: a bogus reply must not
+	// shrink every share to nothing.
+	maxMembers = 100_000
 )
 
 // redisPolicy is what the options say about Redis failures.
@@ -185,7 +190,7 @@ func WithFailClosed() Option {
 // to 8 times the latency Redis has shown of late, up to 5 s, so that a slow
 // Redis (a far region, a loaded server) is slow but correct rather than
 // taken for dead; the first contact, which opens a connection and loads the
-// scripts, has 2 s (or 4d). A call that runs out of time is a Redis failure; one
+// scripts, has 5 s (or 4d). A call that runs out of time is a Redis failure; one
 // whose own context ends first is not.
 //
 // The bound is a context deadline. go-redis honours it when dialing and
@@ -275,7 +280,11 @@ type failover struct {
 	loggedAt  atomic.Int64 // the last configuration error logged, Unix ns
 	failing   atomic.Bool  // calls have gone to the share since the last that worked
 	coldUntil atomic.Int64 // Unix ns
-	lastSlot  atomic.Int64 // the latest slot reserved on Redis, Unix ns of clock
+
+	slotsMu    sync.Mutex
+	slots      map[string]time.Time // the end of each key's last slot on Redis, by clock
+	slotsSweep int                  // len(slots) at which passed slots are next forgotten
+	shareMu    sync.Mutex           // held to replace share
 
 	members  atomic.Int64 // the last count; 0 before the first
 	nextBeat atomic.Int64 // Unix ns
@@ -285,7 +294,7 @@ type failover struct {
 func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 	p := c.redis
 	f := &failover{rdb: rdb, addr: clientAddr(rdb), open: !p.failClosed, timeout: p.timeout,
-		evictable: p.evictable, log: p.logger, dims: dims, clock: c.clock,
+		evictable: p.evictable, log: p.logger, dims: dims, clock: c.clock, contact: newContact(),
 		local: []Option{WithClock(c.clock), WithPolicy(c.policy)}}
 	for _, d := range dims {
 		f.window = max(f.window, ceilDuration(d.limit.Burst/d.limit.Rate))
@@ -510,7 +519,7 @@ func (f *failover) beat(ctx context.Context) {
 		n, err = beatScript.run(ctx, f.rdb, f.beatKeys, f.beatArgs...).Int64()
 		return err
 	})
-	if err == nil && n > 0 {
+	if err == nil && n > 0 && n <= maxMembers {
 		f.members.Store(n)
 	}
 }

@@ -31,15 +31,16 @@ import (
 // line such as "-LOADING ...", or never if reply is empty.
 type fakeRedis struct {
 	addr     string
-	reply    string
-	commands atomic.Int32 // commands other than HELLO, CLIENT and PING
+	reply    atomic.Pointer[string] // set it to change the answer
+	commands atomic.Int32           // commands other than HELLO, CLIENT and PING
 }
 
 func startFakeRedis(t *testing.T, reply string) *fakeRedis {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	f := &fakeRedis{addr: l.Addr().String(), reply: reply}
+	f := &fakeRedis{addr: l.Addr().String()}
+	f.reply.Store(&reply)
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
@@ -84,10 +85,11 @@ func (f *fakeRedis) serve(c net.Conn) {
 			out = "+PONG\r\n"
 		default:
 			f.commands.Add(1)
-			if f.reply == "" {
+			reply := *f.reply.Load()
+			if reply == "" {
 				continue
 			}
-			out = f.reply + "\r\n"
+			out = reply + "\r\n"
 		}
 		if _, err := io.WriteString(c, out); err != nil {
 			return
@@ -243,7 +245,7 @@ func (s *stateLog) get() []string {
 func TestBreakerBoundsOutageCost(t *testing.T) {
 	verifyNoLeaks(t)
 	fake := startFakeRedis(t, "")
-	const timeout, period, contact = 50 * time.Millisecond, 300 * time.Millisecond, 2 * time.Second
+	const timeout, period, contact = 50 * time.Millisecond, 300 * time.Millisecond, 5 * time.Second
 	var states stateLog
 	b := bucket.NewRedis(fastClient(t, fake.addr), bucket.PerSecond(1000),
 		bucket.WithRedisTimeout(timeout),

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,8 +17,8 @@ type Local struct {
 	dims  []dim
 	clock Clock
 	adapt adaptation
-	empty bool      // keys start empty (a share bucket)
-	from  time.Time // and not before
+	start    func(key string) time.Time // nil: keys start full; else empty, not before start(key) (a share)
+	maxDebit []float64                  // the most one Adjust debits, by dimension
 
 	mu      sync.Mutex
 	keys    map[string]*localKey
@@ -36,8 +37,8 @@ type localKey struct {
 	counting    time.Time // when the count began, moved on by the pauses since
 	decreased   time.Time // the last decrease; zero if none
 	after       float64   // the fraction of the ceiling just after it
-	rate, burst []float64 // limits the provider reported; 0 if none (nil: none at all)
-	reported    time.Time // when rate and burst stop counting
+	rate, burst []float64   // limits the provider reported; 0 if none (nil: none at all)
+	reported    []time.Time // when each dimension's report stops counting
 	// The provider's bucket, per dimension, where a report gave its
 	// remaining as well as its rate and burst (which rate and burst then
 	// hold): its tokens, NaN where there is none. nil: none at all.
@@ -60,7 +61,11 @@ var _ Bucket = (*Local)(nil)
 // a limit is invalid.
 func NewLocal(limit Limit, opts ...Option) *Local {
 	c, dims := newConfig(limit, opts)
-	return &Local{dims: dims, clock: c.clock, adapt: newAdaptation(c.policy, dims), empty: c.empty, from: c.emptyUntil,
+	maxDebit := make([]float64, len(dims))
+	for i, d := range dims {
+		maxDebit[i] = max(d.limit.Burst, c.maxDebit[d.name])
+	}
+	return &Local{dims: dims, clock: c.clock, adapt: newAdaptation(c.policy, dims), start: c.start, maxDebit: maxDebit,
 		keys: make(map[string]*localKey), sweepAt: minSweep}
 }
 
@@ -123,7 +128,7 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 	k := l.advance(key, now, nil)
 	for i, d := range l.dims {
 		// A debit takes at most a burst: no call can cost more (see Adjust).
-		debit := min(delta[d.name], d.limit.Burst)
+		debit := min(delta[d.name], l.maxDebit[i])
 		k.tokens[i] = min(k.tokens[i]-debit, l.burst(k, i, l.fraction(k, now)))
 		if _, _, pb, ok := k.prov(i); ok {
 			k.provider[i] = min(k.provider[i]-debit, pb)
@@ -199,10 +204,8 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 			continue
 		}
 		if k.rate == nil {
-			k.rate, k.burst = make([]float64, len(l.dims)), make([]float64, len(l.dims))
-		}
-		if k.provider == nil {
-			k.provider = make([]float64, len(l.dims))
+			n := len(l.dims)
+			k.rate, k.burst, k.provider, k.reported = make([]float64, n), make([]float64, n), make([]float64, n), make([]time.Time, n)
 			for j := range k.provider {
 				k.provider[j] = math.NaN()
 			}
@@ -222,16 +225,9 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 			if r.rem >= 0 {
 				k.tokens[i] = min(k.tokens[i], r.rem)
 			}
-			if r.rate > 0 {
-				k.rate[i] = r.rate
-			}
-			if r.burst > 0 {
-				k.burst[i] = r.burst
-			}
+			k.rate[i], k.burst[i] = r.rate, r.burst // a report replaces the last
 		}
-		if until := now.Add(r.until); until.After(k.reported) {
-			k.reported = until
-		}
+		k.reported[i] = now.Add(r.until)
 	}
 	f := l.fraction(k, now)
 	for i := range k.tokens {
@@ -325,12 +321,14 @@ func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 	if !ok {
 		l.sweep(now)
 		k = &localKey{tokens: make([]float64, len(l.dims)), last: now}
-		if l.empty && l.from.After(now) {
-			k.last = l.from
+		if l.start != nil {
+			if t := l.start(key); t.After(now) {
+				k.last = t
+			}
 		}
 		for i, d := range l.dims {
 			switch {
-			case l.empty:
+			case l.start != nil:
 				k.tokens[i] = 0
 			case l.adapt.policy.ColdStart:
 				k.tokens[i] = min(d.limit.Burst, first[d.name])
@@ -341,8 +339,12 @@ func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 		l.keys[key] = k
 		return k
 	}
-	if k.rate != nil && !now.Before(k.reported) {
-		k.rate, k.burst, k.provider = nil, nil, nil // the report has run its time
+	if k.rate != nil {
+		for i, u := range k.reported {
+			if !now.Before(u) { // the report has run its time
+				k.rate[i], k.burst[i], k.provider[i] = 0, 0, math.NaN()
+			}
+		}
 	}
 	if elapsed := now.Sub(k.last).Seconds(); elapsed > 0 {
 		f := l.fraction(k, now)
@@ -366,7 +368,7 @@ func (l *Local) sweep(now time.Time) {
 	}
 	for name, k := range l.keys {
 		if l.fraction(k, now) < 1 || k.refused > 0 && now.Sub(k.counting) <= l.adapt.window ||
-			k.rate != nil && now.Before(k.reported) {
+			k.rate != nil && slices.ContainsFunc(k.reported, now.Before) {
 			continue // what it learnt still matters
 		}
 		full := true

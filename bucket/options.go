@@ -20,9 +20,10 @@ type config struct {
 	prefix string
 	policy adaptive.Policy
 	redis  redisPolicy // failover.go
-	// Local: keys start empty, not before emptyUntil (share.go)
-	empty      bool
-	emptyUntil time.Time
+	// Local, as a share (share.go): keys start empty, not before start(key);
+	// debits go up to maxDebit, by dimension
+	start    func(key string) time.Time
+	maxDebit map[string]float64
 }
 
 // Clock tells the time. The Local backend reads it; Redis backends use the

@@ -303,17 +303,18 @@ for i = 1, #KEYS - 1 do
       if pt then pt = math.min(pt, rem) else tk = math.min(tk, rem) end
     end
     if rrate > 0 or rburst > 0 then
-      local rx = now + tonumber(ARGV[o+5])
+      -- a report replaces the last: what it does not say no longer counts
+      redis.call('HDEL', key, 'r', 'b', 'p')
+      redis.call('HSET', key, 'rx', now + tonumber(ARGV[o+5]))
+      rate, burst, pt = crate * f, cburst * f, nil
       if rrate > 0 then
-        redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'rx', rx)
+        redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5))
         rate = math.min(crate, rrate) * f
       end
       if rburst > 0 then
-        redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5), 'rx', rx)
+        redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5))
         burst = math.min(cburst, rburst) * f
       end
-      redis.call('HDEL', key, 'p')
-      pt = nil
     end
   end
   store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f, pt)

@@ -106,21 +106,21 @@ func (s *scripted) reserve(ctx context.Context, script *script, key string, cost
 	w, epoch, err := reservation(s.run(ctx, script, keys, args...))
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
-			return sh.reserve(ctx, key, cost, maxWait)
+			return sh.reserve(ctx, key, cost, maxWait, !sent(err))
 		}
 		return Reservation{}, fmt.Errorf("bucket: redis reserve: %w", err)
-	}
-	if w > 0 {
-		s.fo.slot(s.fo.clock.Now().Add(micros(w)))
-	}
-	s.fo.settle(ctx, s.self, key)
-	if w < 0 {
-		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil
 	}
 	if w > max(maxWait, 0).Microseconds() {
 		// A reply the scripts never give (a proxy's, a server's bug): the
 		// caller's wait accounting must not trust it.
 		return Reservation{}, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
+	}
+	if w > 0 {
+		s.fo.slot(key, s.fo.clock.Now().Add(micros(w)))
+	}
+	s.fo.settle(ctx, s.self, key)
+	if w < 0 {
+		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil
 	}
 	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, nil
 }
@@ -165,7 +165,7 @@ func (s *scripted) adjust(ctx context.Context, script *script, key string, delta
 	}
 	if err := s.run(ctx, script, keys, args...).Err(); err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
-			return sh.adjust(ctx, key, delta)
+			return sh.adjust(ctx, key, delta, !sent(err))
 		}
 		return fmt.Errorf("bucket: redis adjust: %w", err)
 	}

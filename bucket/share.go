@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sony/gobreaker/v2"
 )
 
 // fallback returns the share bucket that takes a call which failed with
@@ -23,16 +25,25 @@ func (f *failover) fallback(err error) *share {
 	if !errors.As(err, &ue) {
 		return nil
 	}
-	fresh := !f.failing.Load() && !f.failing.Swap(true)
 	n := max(f.members.Load(), 1)
+	if f.failing.Load() { // then the share loaded next is this outage's
+		if sh := f.share.Load(); sh != nil && sh.members == n {
+			return sh
+		}
+	}
+	f.shareMu.Lock()
+	defer f.shareMu.Unlock()
 	old := f.share.Load()
-	if old != nil && old.members == n && !fresh {
-		return old
+	fresh := !f.failing.Load()
+	if old != nil && !fresh && old.members == n {
+		return old // made meanwhile
 	}
-	sh := newShare(f.dims, n, append(slices.Clip(f.local), startEmpty(time.Unix(0, f.lastSlot.Load()))), old)
-	if !f.share.CompareAndSwap(old, sh) {
-		return f.share.Load()
+	if fresh {
+		old = nil // what it owed was settled or is stale
 	}
+	sh := newShare(f.dims, n, append(slices.Clip(f.local), startAfter(f.slotOf)), old)
+	f.share.Store(sh)
+	f.failing.Store(true) // after the store: who sees it failing finds the new share
 	return sh
 }
 
@@ -48,27 +59,61 @@ func (f *failover) settle(ctx context.Context, b Bucket, key string) {
 	}
 }
 
-// slot records that this process holds a slot of Redis's until t: a share
-// bucket opened before then starts after it, since the fleet's slots
-// reserved on Redis go out whatever becomes of Redis.
-func (f *failover) slot(t time.Time) {
-	n := t.UnixNano()
-	for {
-		old := f.lastSlot.Load()
-		if n <= old || f.lastSlot.CompareAndSwap(old, n) {
-			return
-		}
+// slot records that this process holds a slot of key's on Redis until t: a
+// share bucket opened before then starts key after it, since the fleet's
+// slots reserved on Redis go out whatever becomes of Redis. Slots that have
+// passed are forgotten once the record has doubled since the last sweep.
+func (f *failover) slot(key string, t time.Time) {
+	f.slotsMu.Lock()
+	defer f.slotsMu.Unlock()
+	if f.slots == nil {
+		f.slots, f.slotsSweep = make(map[string]time.Time), minSweep
 	}
+	if old, ok := f.slots[key]; ok && !t.After(old) {
+		return
+	}
+	if len(f.slots) >= f.slotsSweep {
+		now := f.clock.Now()
+		for k, u := range f.slots {
+			if !u.After(now) {
+				delete(f.slots, k)
+			}
+		}
+		f.slotsSweep = max(minSweep, 2*len(f.slots))
+	}
+	f.slots[key] = t
+}
+
+// slotOf returns the end of key's last slot on Redis (see slot); the zero
+// time if none is known.
+func (f *failover) slotOf(key string) time.Time {
+	f.slotsMu.Lock()
+	defer f.slotsMu.Unlock()
+	return f.slots[key]
+}
+
+// sent reports whether a call that failed with err may have run on Redis:
+// it was sent, and its reply lost (a reset, a timeout), rather than turned
+// away unsent (the breaker, a contact under way, a refused connection, a
+// server that did not run it).
+func sent(err error) bool {
+	var ue *UnavailableError
+	if !errors.As(err, &ue) {
+		return false
+	}
+	return !errors.Is(ue.Err, gobreaker.ErrOpenState) && !errors.Is(ue.Err, gobreaker.ErrTooManyRequests) &&
+		ue.Err != errContacting && !notRun(ue.Err)
 }
 
 // share is this process's share of a bucket's limits, when the fleet has
-// members processes. It starts empty, and after the last slot this process
-// holds on Redis: what the fleet had left when Redis failed is not known to
-// one process, an empty bucket never over-admits, and the slots the fleet
-// reserved on Redis are spent whatever becomes of Redis. It records what it
-// admits for each key, the debt to settle with Redis once it is back: what
-// has come due (at most its burst: Redis refills no more while it is away)
-// and every slot still to come.
+// members processes. It starts each key empty, and after the last slot this
+// process holds on Redis for it: what the fleet had left when Redis failed
+// is not known to one process, an empty bucket never over-admits, and the
+// slots the fleet reserved on Redis are spent whatever becomes of Redis. It
+// records what it admits for each key, the debt to settle with Redis once
+// it is back: what has come due (at most its burst: Redis refills no more
+// while it is away) and every slot still to come; but not a call that may
+// have run on Redis (its reply was lost), which Redis has charged already.
 type share struct {
 	members int64
 	local   *Local
@@ -79,10 +124,15 @@ type share struct {
 }
 
 // newShare returns the share of a bucket with dims for one of n members,
-// a Local bucket made with opts, owing what old owes.
+// a Local bucket made with opts, owing what old owes. A share is never
+// smaller than a Limit can be: with more members than that allows, each
+// takes the least.
 func newShare(dims []dim, n int64, opts []Option, old *share) *share {
+	for _, d := range dims {
+		n = max(1, min(n, int64(d.limit.Rate/minRate), int64(d.limit.Burst/minBurst)))
+	}
 	part := func(l Limit) Limit { return Limit{Rate: l.Rate / float64(n), Burst: l.Burst / float64(n)} }
-	opts = slices.Clip(opts)
+	opts = append(slices.Clip(opts), debitsUpTo(dims))
 	for _, d := range dims { // Requests too, replacing NewLocal's first argument
 		opts = append(opts, WithLimit(d.name, part(d.limit)))
 	}
@@ -96,15 +146,27 @@ func newShare(dims []dim, n int64, opts []Option, old *share) *share {
 	return s
 }
 
-// startEmpty makes a Local bucket start its keys empty, and not before t.
-func startEmpty(t time.Time) Option {
-	return optionFunc(func(c *config) { c.empty, c.emptyUntil = true, t })
+// startAfter makes a Local bucket start each key empty, not before
+// start(key).
+func startAfter(start func(key string) time.Time) Option {
+	return optionFunc(func(c *config) { c.start = start })
+}
+
+// debitsUpTo makes a Local bucket take debits of up to the bursts of dims,
+// not its own: a share's debit is the bucket's.
+func debitsUpTo(dims []dim) Option {
+	return optionFunc(func(c *config) {
+		c.maxDebit = make(map[string]float64, len(dims))
+		for _, d := range dims {
+			c.maxDebit[d.name] = d.limit.Burst
+		}
+	})
 }
 
 // reserve is Reserve on the share bucket. An amount larger than the share's
 // burst (but not the bucket's, which the caller checked) is reserved as the
 // burst, and the rest debited once that is granted.
-func (s *share) reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
+func (s *share) reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration, owe bool) (Reservation, error) {
 	var clipped, excess Cost
 	for _, d := range s.local.dims {
 		if v := cost[d.name]; v > d.limit.Burst {
@@ -116,7 +178,7 @@ func (s *share) reserve(ctx context.Context, key string, cost Cost, maxWait time
 	}
 	if clipped == nil {
 		r, err := s.local.Reserve(ctx, key, cost, maxWait)
-		if err == nil && r.OK {
+		if err == nil && r.OK && owe {
 			s.owe(key, cost)
 		}
 		r.Epoch = outageEpoch
@@ -127,7 +189,9 @@ func (s *share) reserve(ctx context.Context, key string, cost Cost, maxWait time
 	if err != nil || !r.OK {
 		return r, err
 	}
-	s.owe(key, cost)
+	if owe {
+		s.owe(key, cost)
+	}
 	return r, s.local.Adjust(ctx, key, excess)
 }
 
@@ -138,11 +202,13 @@ func (s *share) reserve(ctx context.Context, key string, cost Cost, maxWait time
 const outageEpoch = math.MaxUint64
 
 // adjust is Adjust on the share bucket.
-func (s *share) adjust(ctx context.Context, key string, delta Cost) error {
+func (s *share) adjust(ctx context.Context, key string, delta Cost, owe bool) error {
 	if err := s.local.Adjust(ctx, key, delta); err != nil {
 		return err
 	}
-	s.owe(key, delta)
+	if owe {
+		s.owe(key, delta)
+	}
 	return nil
 }
 

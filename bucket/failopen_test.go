@@ -1,0 +1,135 @@
+package bucket_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// fleetOf returns the first of n buckets on srv with lim, each counted as
+// a member of its own, once all have beaten: the one that counted the
+// fleet last, n members.
+func fleetOf(t *testing.T, srv *redistest.Server, n int, lim bucket.Limit) *bucket.Redis {
+	t.Helper()
+	clk := &fakeClock{t: time.Now()}
+	rdb := fastClient(t, srv.Addr)
+	var first *bucket.Redis
+	for i := range n {
+		b := bucket.NewRedis(rdb, lim, bucket.WithClock(clk), bucket.WithMemberID(string(rune('a'+i))))
+		_, err := b.Reserve(t.Context(), "warm", bucket.N(lim.Burst/1000), 0)
+		require.NoError(t, err)
+		if first == nil {
+			first = b
+		}
+	}
+	clk.Advance(time.Second)
+	_, err := first.Reserve(t.Context(), "warm", bucket.N(lim.Burst/1000), 0)
+	require.NoError(t, err)
+	require.Equal(t, int64(n), bucket.Members(first))
+	return first
+}
+
+// TestShareChargesLargeCostsInFull: a cost beyond the share's burst is
+// charged in full; a debit's cap was the share's burst, not the bucket's,
+// and a fleet of 4 got twice its limit (a step of 200 s, not 400 s).
+func TestShareChargesLargeCostsInFull(t *testing.T) {
+	srv := redistest.Own(t)
+	b := fleetOf(t, srv, 4, bucket.Limit{Rate: 1, Burst: 100})
+	srv.Stop()
+	var last time.Duration
+	for i := range 4 {
+		r, err := b.Reserve(t.Context(), "big", bucket.N(100), bucket.Unlimited)
+		require.NoError(t, err)
+		require.True(t, r.OK)
+		if i > 0 {
+			assert.InDelta(t, 400*time.Second, r.Delay-last, float64(time.Second), "100 at the share's 0.25/s")
+		}
+		last = r.Delay
+	}
+}
+
+// TestTinyShareDoesNotPanic: a share below the least Limit (10 a day
+// among 116 processes) used to panic the caller.
+func TestTinyShareDoesNotPanic(t *testing.T) {
+	srv := redistest.Own(t)
+	b := fleetOf(t, srv, 11, bucket.Limit{Rate: 1e-5, Burst: 1})
+	srv.Stop()
+	assert.NotPanics(t, func() {
+		_, err := b.Reserve(t.Context(), "k", bucket.N(1), bucket.Unlimited)
+		assert.NoError(t, err)
+	})
+}
+
+// TestShareStartsEachKeyAfterItsOwnSlots: the share starts a key after the
+// last slot this process holds on Redis for that key, not for any key (one
+// key 59 s deep in debt held every other back for 59 s).
+func TestShareStartsEachKeyAfterItsOwnSlots(t *testing.T) {
+	srv := redistest.Own(t)
+	rdb := fastClient(t, srv.Addr)
+	b := bucket.NewRedis(rdb, bucket.PerSecond(10))
+	for range 60 {
+		_, err := b.Reserve(t.Context(), "slow", bucket.N(10), bucket.Unlimited)
+		require.NoError(t, err)
+	}
+	srv.Stop()
+	r, err := b.Reserve(t.Context(), "other", bucket.N(1), 5*time.Second)
+	require.NoError(t, err)
+	assert.True(t, r.OK)
+	assert.LessOrEqual(t, r.Delay, 200*time.Millisecond)
+	r, err = b.Reserve(t.Context(), "slow", bucket.N(1), time.Minute)
+	require.NoError(t, err)
+	assert.True(t, r.OK)
+	assert.Greater(t, r.Delay, 50*time.Second, "after the slots reserved on Redis")
+}
+
+// TestBogusReplyDoesNotMoveTheShare: a reserve reply the scripts never
+// give is an error, and moves nothing: it used to start every key's share
+// a day late.
+func TestBogusReplyDoesNotMoveTheShare(t *testing.T) {
+	fake := startFakeRedis(t, ":86400000000")
+	b := bucket.NewRedis(fastClient(t, fake.addr), bucket.PerSecond(10), bucket.WithEvictionAllowed())
+	_, err := b.Reserve(t.Context(), "a", bucket.N(1), time.Second)
+	require.ErrorContains(t, err, "unexpected reply")
+	loading := "-LOADING Redis is loading the dataset in memory"
+	fake.reply.Store(&loading) // unavailable from now on
+	r, err := b.Reserve(t.Context(), "b", bucket.N(1), time.Minute)
+	require.NoError(t, err)
+	assert.True(t, r.OK)
+	assert.LessOrEqual(t, r.Delay, 200*time.Millisecond, "%+v, members %d", r, bucket.Members(b))
+}
+
+// TestReportsReplaceAndExpire: a report replaces the last one (a stale
+// reported rate came back with a burst-only report on Redis), and a
+// report counts until its own reset (Local kept the longest), on both
+// backends alike.
+func TestReportsReplaceAndExpire(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			b := be.new(t, bucket.Limit{Rate: 1, Burst: 100})
+			ctx := t.Context()
+			q := func(q adaptive.Quota) adaptive.Feedback {
+				return adaptive.Feedback{Quotas: map[string]adaptive.Quota{adaptive.Requests: q}}
+			}
+			// A rate of 0.1/s for 500 s, then, after it, a burst alone.
+			require.NoError(t, b.Observe(ctx, "k", q(adaptive.Quota{Limit: 50, Remaining: -1, Window: 500 * time.Second})))
+			be.advance(600 * time.Second)
+			require.NoError(t, b.Observe(ctx, "k", q(adaptive.Quota{Limit: 100, Remaining: -1})))
+			g, _ := gap(t, b, "k")
+			assert.Equal(t, time.Second, g, "the configured 1/s")
+
+			// A report for 60 s (its rate floored), then one for a window.
+			require.NoError(t, b.Observe(ctx, "j", q(adaptive.Quota{Limit: 1, Remaining: -1, Window: 60 * time.Second})))
+			be.advance(5 * time.Second)
+			require.NoError(t, b.Observe(ctx, "j", q(adaptive.Quota{Limit: 100, Remaining: -1})))
+			be.advance(101 * time.Second)
+			g, _ = gap(t, b, "j")
+			assert.Equal(t, time.Second, g, "the last report, run out")
+		})
+	}
+}
