@@ -14,9 +14,9 @@ import (
 // a single process, and the fallback when Redis cannot be reached. It has the
 // same semantics as Redis. Local is safe for concurrent use.
 type Local struct {
-	dims  []dim
-	clock Clock
-	adapt adaptation
+	dims     []dim
+	clock    Clock
+	adapt    adaptation
 	start    func(key string) time.Time // nil: keys start full; else empty, not before start(key) (a share)
 	maxDebit []float64                  // the most one Adjust debits, by dimension
 
@@ -32,11 +32,11 @@ type localKey struct {
 	tokens []float64
 	last   time.Time
 
-	epoch       uint64    // decreases so far
-	refused     int       // refusals counted since counting
-	counting    time.Time // when the count began, moved on by the pauses since
-	decreased   time.Time // the last decrease; zero if none
-	after       float64   // the fraction of the ceiling just after it
+	epoch       uint64      // decreases so far
+	refused     int         // refusals counted since counting
+	counting    time.Time   // when the count began, moved on by the pauses since
+	decreased   time.Time   // the last decrease; zero if none
+	after       float64     // the fraction of the ceiling just after it
 	rate, burst []float64   // limits the provider reported; 0 if none (nil: none at all)
 	reported    []time.Time // when each dimension's report stops counting
 	// The provider's bucket, per dimension, where a report gave its
