@@ -135,8 +135,9 @@ var delayUnits = [...]struct {
 	{"milliseconds", time.Millisecond}, {"millisecond", time.Millisecond}, {"ms", time.Millisecond},
 }
 
-// messageDelay returns the first delay msg states after one of
-// delayPhrases (in any case), and whether it states one (see ParseBody).
+// messageDelay returns the delay msg states after one of delayPhrases (in
+// any case; the phrases tried in their order, each where it first comes
+// with a well-formed delay), and whether it states one (see ParseBody).
 func messageDelay(msg string) (time.Duration, bool) {
 	lower := strings.ToLower(msg)
 	for _, p := range delayPhrases {
