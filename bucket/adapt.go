@@ -12,8 +12,9 @@ import (
 //
 // What a response teaches a key is hostile input (a lying upstream, a
 // proxy's bug) and is bounded before it reaches the key's state: a pause
-// lasts at most span; a reported limit counts only if its reset and window
-// are at most maxReported, and its rate and burst are floored at
+// lasts at most span; a reported quota whose reset or window is longer
+// than maxReported is ignored, remaining and all; a reported limit counts
+// only if it is at least minReported, and its rate and burst are floored at
 // Policy.Floor of the configured ones; it holds until its reset (at least
 // one window of the limit), at most span. Every cut recovers within span
 // too, so span is the horizon within which a key forgets all it learnt.
@@ -70,10 +71,13 @@ type report struct {
 // report bounds q, reported for a dimension limited to l.
 func (a *adaptation) report(q adaptive.Quota, l Limit) report {
 	r := report{rem: -1}
+	if q.Reset > maxReported || q.Window > maxReported {
+		return r // a lie, remaining and all
+	}
 	if q.Remaining >= 0 && !math.IsInf(q.Remaining, 0) {
 		r.rem = q.Remaining
 	}
-	if !(q.Limit >= minReported) || math.IsInf(q.Limit, 0) || q.Reset > maxReported || q.Window > maxReported {
+	if !(q.Limit >= minReported) || math.IsInf(q.Limit, 0) {
 		return r
 	}
 	if v, ok := q.Rate(); ok {

@@ -162,7 +162,10 @@ type redisPolicy struct {
 // works again (Redis refilled while the fleet spent its shares, and both
 // must not be spent); and for a window of the limit after an outage, a key
 // that Redis no longer has (it restarted empty) starts cold, as
-// adaptive.Policy.ColdStart says, not full. A cost larger than the share's
+// adaptive.Policy.ColdStart says, not full; and a 429 of a request a share
+// admitted (its Reservation.Epoch says so) pauses the key but counts toward
+// no decrease of Redis's: it is the outage's overshoot, not a sign that the
+// limit is wrong. A cost larger than the share's
 // burst is admitted once the share bucket holds its burst, and its excess
 // owed. A window bucket (FixedWindow, SlidingLog) falls back to a token
 // bucket of the same shape, and after a restart starts its windows afresh.

@@ -358,10 +358,14 @@ func TestFailOpen(t *testing.T) {
 	a := bucket.NewRedis(rdb, lim, append(opts, bucket.WithMemberID("a"))...)
 	b := bucket.NewRedis(rdb, lim, append(opts, bucket.WithMemberID("b"))...)
 	ctx := t.Context()
+	var outage uint64 // the Epoch of the share's reservations
 	reserve := func(key string, cost bucket.Cost, maxWait time.Duration) bucket.Reservation {
 		t.Helper()
 		r, err := a.Reserve(ctx, key, cost, maxWait)
 		require.NoError(t, err)
+		if r.Epoch > 1<<32 {
+			outage, r.Epoch = r.Epoch, 0
+		}
 		return r
 	}
 	reserve("warm", bucket.N(1), 0)
@@ -418,6 +422,16 @@ func TestFailOpen(t *testing.T) {
 	// charged what the share admitted, what came due at most a burst.
 	assert.LessOrEqual(t, tk[bucket.Requests], -1.0)
 	assert.GreaterOrEqual(t, tk[bucket.Requests], -30.0)
+
+	// 429s of requests the share admitted are the outage's overshoot: they
+	// pause the key but do not cut Redis's rate.
+	require.NotZero(t, outage)
+	for range 5 {
+		require.NoError(t, a.Observe(ctx, "k", adaptive.Feedback{Class: adaptive.RateLimited, Epoch: outage}))
+	}
+	r, err = a.Reserve(ctx, "k", bucket.N(1), time.Minute)
+	require.NoError(t, err)
+	assert.Zero(t, r.Epoch, "no decrease")
 }
 
 // TestFleetMembers pins the membership set on miniredis: one sorted set per

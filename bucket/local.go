@@ -38,6 +38,19 @@ type localKey struct {
 	after       float64   // the fraction of the ceiling just after it
 	rate, burst []float64 // limits the provider reported; 0 if none (nil: none at all)
 	reported    time.Time // when rate and burst stop counting
+	// The provider's bucket, per dimension, where a report gave its
+	// remaining as well as its rate and burst (which rate and burst then
+	// hold): its tokens, NaN where there is none. nil: none at all.
+	provider []float64
+}
+
+// prov returns dimension i's provider bucket: its tokens, rate and burst,
+// and whether k has one.
+func (k *localKey) prov(i int) (tokens, rate, burst float64, ok bool) {
+	if k.provider == nil || math.IsNaN(k.provider[i]) {
+		return 0, 0, 0, false
+	}
+	return k.provider[i], k.rate[i], k.burst[i], true
 }
 
 var _ Bucket = (*Local)(nil)
@@ -77,6 +90,9 @@ func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.D
 		if deficit := c - k.tokens[i]; deficit > 0 {
 			wait = max(wait, deficit/l.rate(k, i, f))
 		}
+		if pt, pr, _, ok := k.prov(i); ok && c > pt {
+			wait = max(wait, (c-pt)/pr)
+		}
 	}
 	w := addDuration(ceilDuration(wait), max(k.last.Sub(now), 0))
 	if w > max(maxWait, 0) || w == Unlimited { // a wait of 292 years is none, as on Redis
@@ -84,6 +100,9 @@ func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.D
 	}
 	for i, d := range l.dims {
 		k.tokens[i] -= cost[d.name]
+		if k.provider != nil {
+			k.provider[i] -= cost[d.name] // NaN stays NaN
+		}
 	}
 	return Reservation{OK: true, Delay: w, Epoch: k.epoch}, nil
 }
@@ -106,6 +125,9 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 		// A debit takes at most a burst: no call can cost more (see Adjust).
 		debit := min(delta[d.name], d.limit.Burst)
 		k.tokens[i] = min(k.tokens[i]-debit, l.burst(k, i, l.fraction(k, now)))
+		if _, _, pb, ok := k.prov(i); ok {
+			k.provider[i] = min(k.provider[i]-debit, pb)
+		}
 		if k.last.After(now) {
 			// Paused: the bucket stays empty at the pause's end, or what a
 			// refund gave back would go out all at once then.
@@ -154,6 +176,9 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 			f := l.fraction(k, now)
 			for i := range k.tokens {
 				k.tokens[i] = pauseTokens(k.tokens[i], until.Sub(k.last), l.rate(k, i, f))
+				if pt, pr, pb, ok := k.prov(i); ok { // it refills meanwhile
+					k.provider[i] = min(pb, pt+until.Sub(k.last).Seconds()*pr)
+				}
 			}
 			if k.refused > 0 {
 				k.counting = k.counting.Add(until.Sub(k.last))
@@ -162,20 +187,47 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 		}
 	}
 	for i, r := range reports {
-		if r.rem >= 0 {
-			k.tokens[i] = min(k.tokens[i], r.rem)
-		}
+		pt, _, _, had := k.prov(i)
 		if r.rate == 0 && r.burst == 0 {
+			switch {
+			case r.rem < 0:
+			case had:
+				k.provider[i] = min(pt, r.rem)
+			default:
+				k.tokens[i] = min(k.tokens[i], r.rem)
+			}
 			continue
 		}
 		if k.rate == nil {
 			k.rate, k.burst = make([]float64, len(l.dims)), make([]float64, len(l.dims))
 		}
-		if r.rate > 0 {
-			k.rate[i] = r.rate
+		if k.provider == nil {
+			k.provider = make([]float64, len(l.dims))
+			for j := range k.provider {
+				k.provider[j] = math.NaN()
+			}
 		}
-		if r.burst > 0 {
-			k.burst[i] = r.burst
+		if r.rate > 0 && r.burst > 0 && r.rem >= 0 {
+			// The provider's bucket: its remaining now, never raised by a
+			// report that may be older than what the fleet has spent
+			// since, but seeded anew once the last report has run its time.
+			if had {
+				k.provider[i] = min(pt, r.rem)
+			} else {
+				k.provider[i] = min(r.rem, r.burst)
+			}
+			k.rate[i], k.burst[i] = r.rate, r.burst
+		} else {
+			k.provider[i] = math.NaN() // caps on ours
+			if r.rem >= 0 {
+				k.tokens[i] = min(k.tokens[i], r.rem)
+			}
+			if r.rate > 0 {
+				k.rate[i] = r.rate
+			}
+			if r.burst > 0 {
+				k.burst[i] = r.burst
+			}
 		}
 		if until := now.Add(r.until); until.After(k.reported) {
 			k.reported = until
@@ -232,7 +284,7 @@ func (l *Local) fraction(k *localKey, now time.Time) float64 {
 // rate is dimension i's refill rate for k at fraction f.
 func (l *Local) rate(k *localKey, i int, f float64) float64 {
 	r := l.dims[i].limit.Rate
-	if k.rate != nil && k.rate[i] > 0 {
+	if _, _, _, ok := k.prov(i); !ok && k.rate != nil && k.rate[i] > 0 {
 		r = min(r, k.rate[i])
 	}
 	return r * f
@@ -242,7 +294,7 @@ func (l *Local) rate(k *localKey, i int, f float64) float64 {
 // is, or a slowed key would gather the burst of its ceiling while idle.
 func (l *Local) burst(k *localKey, i int, f float64) float64 {
 	b := l.dims[i].limit.Burst
-	if k.burst != nil && k.burst[i] > 0 {
+	if _, _, _, ok := k.prov(i); !ok && k.burst != nil && k.burst[i] > 0 {
 		b = min(b, k.burst[i])
 	}
 	return b * f
@@ -258,6 +310,9 @@ func (l *Local) Tokens(key string) Cost {
 	c := make(Cost, len(l.dims))
 	for i, d := range l.dims {
 		c[d.name] = k.tokens[i]
+		if pt, _, _, ok := k.prov(i); ok {
+			c[d.name] = min(c[d.name], pt)
+		}
 	}
 	return c
 }
@@ -287,12 +342,15 @@ func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 		return k
 	}
 	if k.rate != nil && !now.Before(k.reported) {
-		k.rate, k.burst = nil, nil // the report has run its time
+		k.rate, k.burst, k.provider = nil, nil, nil // the report has run its time
 	}
 	if elapsed := now.Sub(k.last).Seconds(); elapsed > 0 {
 		f := l.fraction(k, now)
 		for i := range l.dims {
 			k.tokens[i] = min(k.tokens[i]+elapsed*l.rate(k, i, f), l.burst(k, i, f))
+			if pt, pr, pb, ok := k.prov(i); ok {
+				k.provider[i] = min(pt+elapsed*pr, pb)
+			}
 		}
 		k.last = now
 	}

@@ -76,14 +76,14 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		pause = r.adapt.pause(fb.RetryAfter)
 	}
 	verdict := smallAmounts[0] // nothing to learn from refusals
-	if fb.Class == adaptive.RateLimited {
+	if fb.Class == adaptive.RateLimited && fb.Epoch != outageEpoch {
 		verdict = smallAmounts[1] // a refusal to count
 	}
 	keys := make([]string, 0, len(r.dims)+1)
 	base := r.baseKey(key)
 	keys = append(keys, base)
 	args := make([]any, 0, 11+6*len(r.dims))
-	args = append(args, verdict, r.span, r.adapt.flags(), scriptArg(float64(fb.Epoch)),
+	args = append(args, verdict, r.span, r.adapt.flags(), scriptArg(float64(min(fb.Epoch, 1<<53))),
 		scriptArg(float64(pause.Microseconds())),
 		scriptArg(p.Decrease), scriptArg(p.Floor), scriptArg(float64(r.adapt.minEpoch.Microseconds())),
 		scriptArg(float64(p.Threshold)), scriptArg(float64(r.adapt.window.Microseconds())),

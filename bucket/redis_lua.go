@@ -81,14 +81,19 @@ local function fraction(span, law)
 end
 
 -- refill reads a dimension's hash: its rate and burst now (the configured
--- ones, lowered to what the provider reported while that counts, the rate
--- times f), its tokens, the time they are as of, its expiry, and whether a
--- provider's report counts. A missing hash is full, or on a cold start
--- holds only first, the amount of the reservation that creates it.
+-- ones times f; while a provider's report counts and gave no remaining,
+-- lowered to what it reported), its tokens, the time they are as of, its
+-- expiry, whether a report counts, and the provider's bucket (its rate,
+-- burst and tokens: nil unless a report that counts gave a remaining). A
+-- missing hash is full, or on a cold start holds only first, the amount of
+-- the reservation that creates it.
 local function refill(key, rate, burst, f, first)
-  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx')
+  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx', 'p')
   local learnt = s[6] and tonumber(s[6]) > now
-  if learnt then
+  local pr, pb
+  if learnt and s[7] and s[4] and s[5] then
+    pr, pb = tonumber(s[4]) / 1e6, tonumber(s[5]) / 1e6
+  elseif learnt then
     if s[4] then rate = math.min(rate, tonumber(s[4]) / 1e6) end
     if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
   end
@@ -102,13 +107,22 @@ local function refill(key, rate, burst, f, first)
   if ts > pausedTo then
     ts = now
   end
-  local tk = math.min(burst, (tonumber(s[1]) + math.max(0, now - ts) * rate) / 1e6)
-  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt
+  local el = math.max(0, now - ts)
+  local tk = math.min(burst, (tonumber(s[1]) + el * rate) / 1e6)
+  local pt
+  if pr then
+    pt = math.min(pb, (tonumber(s[7]) + el * pr) / 1e6)
+  end
+  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt
 end
 
--- store writes tk as of at, extending the expiry if needed.
-local function store(key, tk, at, x, rate, burst)
+-- store writes tk, and the provider's pt if any, as of at, extending the
+-- expiry if needed.
+local function store(key, tk, at, x, rate, burst, pt)
   local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
+  if pt then
+    redis.call('HSET', key, 'p', math.floor(pt * 1e6 + 0.5))
+  end
   if full > x then
     x = full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7))
     redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at, 'x', x)
@@ -118,6 +132,14 @@ local function store(key, tk, at, x, rate, burst)
   end
 end
 
+-- deficit returns how long, in microseconds after at, tokens tk (which may
+-- be negative) take to reach zero at rate.
+local function deficit(tk, rate)
+  if tk >= 0 then
+    return 0
+  end
+  return math.ceil(-tk * 1e6 / rate)
+end
 `
 
 // luaNum defines num(x): x as a string with no exponent (gopher-lua, in
@@ -141,20 +163,22 @@ var reserveScript = newScript(luaCommon + `
 local f, epoch = fraction(span, law)
 local st, wait = {}, 0
 for i = 1, #KEYS - 1 do
-  local rate, burst, tk, at, x = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, tonumber(ARGV[3*i+3]))
-  tk = tk - tonumber(ARGV[3*i+3])
-  st[i] = {tk, at, x, rate, burst}
-  local w = at - now
-  if tk < 0 then
-    w = w + math.ceil(-tk * 1e6 / rate)
+  local amount = tonumber(ARGV[3*i+3])
+  local rate, burst, tk, at, x, _, pr, pb, pt = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
+  tk = tk - amount
+  local w = at - now + deficit(tk, rate)
+  if pt then
+    pt = pt - amount
+    w = math.max(w, at - now + deficit(pt, pr))
   end
+  st[i] = {tk, at, x, rate, burst, pt}
   wait = math.max(wait, w)
 end
 if wait > tonumber(ARGV[1]) then
   wait = -wait
 else
   for i, s in ipairs(st) do
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5])
+    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6])
   end
 end
 if epoch == 0 then
@@ -168,14 +192,17 @@ return {wait, epoch}
 var adjustScript = newScript(luaCommon + `
 local f = fraction(span, law)
 for i = 1, #KEYS - 1 do
-  local key = KEYS[i+1]
-  local rate, burst, tk, at, x, learnt = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
-  tk = math.min(burst, tk - tonumber(ARGV[3*i+3]))
+  local key, amount = KEYS[i+1], tonumber(ARGV[3*i+3])
+  local rate, burst, tk, at, x, learnt, pr, pb, pt = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  tk = math.min(burst, tk - amount)
+  if pt then
+    pt = math.min(pb, pt - amount)
+  end
   if at > now then
     tk = math.min(tk, 0) -- paused: empty at its end, or refunds would go out at once
   end
   if tk < burst or at > now or learnt then
-    store(key, tk, at, x, rate, burst)
+    store(key, tk, at, x, rate, burst, pt)
   else
     redis.call('DEL', key)
   end
@@ -189,7 +216,10 @@ var tokensScript = newScript(luaCommon + `
 local f = fraction(span, law)
 local out = {}
 for i = 1, #KEYS - 1 do
-  local rate, burst, tk = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local rate, burst, tk, _, _, _, _, _, pt = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  if pt then
+    tk = math.min(tk, pt)
+  end
   out[i] = string.format('%.17g', tk)
 end
 return out
@@ -246,25 +276,47 @@ for i = 1, #KEYS - 1 do
   local key, o = KEYS[i+1], 6 * i + 6
   local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
   local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
-  local rate, burst, tk, at, x = refill(key, crate, cburst, f, 0)
+  local rate, burst, tk, at, x, _, pr, pb, pt = refill(key, crate, cburst, f, 0)
   if pause > 0 and now + pause > at then
-    -- empty at the pause's end but for the debt due after it (pauseTokens)
+    -- empty at the pause's end but for the debt due after it (pauseTokens);
+    -- the provider's bucket refills meanwhile
     paused = math.max(paused, now + pause - at)
+    if pt then
+      pt = math.min(pb, pt + (now + pause - at) / 1e6 * pr)
+    end
     tk, at = math.min(0, tk + (now + pause - at) / 1e6 * rate * nf / f), now + pause
   end
-  if rem >= 0 then tk = math.min(tk, rem) end
-  if rrate > 0 or rburst > 0 then
-    local rx = now + tonumber(ARGV[o+5])
-    if rrate > 0 then
-      redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'rx', rx)
-      rate = math.min(crate, rrate) * f
+  if rrate > 0 and rburst > 0 and rem >= 0 then
+    -- the provider's bucket: its remaining now, never raised by a report
+    -- that may be older than what the fleet has spent since, but seeded
+    -- anew once the last report has run its time
+    if pt then
+      pt = math.min(pt, rem)
+    else
+      pt = math.min(rem, rburst)
     end
-    if rburst > 0 then
-      redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5), 'rx', rx)
-      burst = math.min(cburst, rburst) * f
+    redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'b', math.floor(rburst * 1e6 + 0.5),
+      'rx', now + tonumber(ARGV[o+5]))
+    rate, burst = crate * f, cburst * f
+  else
+    if rem >= 0 then
+      if pt then pt = math.min(pt, rem) else tk = math.min(tk, rem) end
+    end
+    if rrate > 0 or rburst > 0 then
+      local rx = now + tonumber(ARGV[o+5])
+      if rrate > 0 then
+        redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'rx', rx)
+        rate = math.min(crate, rrate) * f
+      end
+      if rburst > 0 then
+        redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5), 'rx', rx)
+        burst = math.min(cburst, rburst) * f
+      end
+      redis.call('HDEL', key, 'p')
+      pt = nil
     end
   end
-  store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f)
+  store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f, pt)
 end
 -- The time paused does not count toward the threshold's window.
 if paused > 0 and tonumber(redis.call('HGET', KEYS[1], 'c') or 0) > 0 then

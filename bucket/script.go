@@ -37,9 +37,9 @@ type onceCmd struct{ *redis.Cmd }
 func (onceCmd) NoRetry() bool { return true }
 
 // run runs s with keys and args on rdb. A call that certainly did not run
-// (see notRun) is tried again, up to three times, after 8, 16 and 32 ms,
-// as go-redis would have: a cluster settling, a server loading, a
-// connection that could not be made.
+// (see notRun) is tried again, up to three times, after 8, 32 and 128 ms
+// (within the call's timeout), as go-redis would have: a cluster settling,
+// a server loading, a connection that could not be made.
 func (s *script) run(ctx context.Context, rdb redis.UniversalClient, keys []string, args ...any) *redis.Cmd {
 	argv := make([]any, 0, 3+len(keys)+len(args))
 	argv = append(argv, "evalsha", s.hash, len(keys))
@@ -52,7 +52,7 @@ func (s *script) run(ctx context.Context, rdb redis.UniversalClient, keys []stri
 		if attempt == 3 || !notRun(cmd.Err()) {
 			return cmd
 		}
-		t := time.NewTimer(8 * time.Millisecond << attempt)
+		t := time.NewTimer(8 * time.Millisecond << (2 * attempt))
 		select {
 		case <-t.C:
 		case <-ctx.Done():

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -118,15 +119,23 @@ func (s *share) reserve(ctx context.Context, key string, cost Cost, maxWait time
 		if err == nil && r.OK {
 			s.owe(key, cost)
 		}
+		r.Epoch = outageEpoch
 		return r, err
 	}
 	r, err := s.local.Reserve(ctx, key, clipped, maxWait)
+	r.Epoch = outageEpoch
 	if err != nil || !r.OK {
 		return r, err
 	}
 	s.owe(key, cost)
 	return r, s.local.Adjust(ctx, key, excess)
 }
+
+// outageEpoch is the Epoch of a reservation a share bucket made. A refusal
+// of such a request counts toward the share's decreases (it is newer than
+// any of them), not toward Redis's: it is the overshoot of an outage, not a
+// sign that the limit is wrong. Its pause applies everywhere.
+const outageEpoch = math.MaxUint64
 
 // adjust is Adjust on the share bucket.
 func (s *share) adjust(ctx context.Context, key string, delta Cost) error {

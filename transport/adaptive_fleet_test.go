@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -474,13 +473,7 @@ func runAdaptiveFleet(addr string, sc adaptiveScenario) (adaptiveRun, error) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	type proc struct {
-		cmd    *exec.Cmd
-		stdin  io.WriteCloser
-		stdout *bufio.Reader
-		stderr strings.Builder
-	}
-	var procs []*proc
+	var procs []*worker
 	defer func() {
 		cancel() // kills the workers still running
 		for _, p := range procs {
@@ -494,7 +487,7 @@ func runAdaptiveFleet(addr string, sc adaptiveScenario) (adaptiveRun, error) {
 		if i == 0 {
 			calls += adaptiveCalls - share*adaptiveProcs
 		}
-		cfg, err := json.Marshal(adaptiveWorkerConfig{
+		p, err := startWorker(ctx, adaptiveWorkerEnv, adaptiveWorkerConfig{
 			Mode: sc.mode, Redis: addr, Prefix: prefix, URL: srv.URL + "/ping",
 			Calls: calls, Goroutines: adaptiveGoroutines, Fleet: adaptiveProcs * adaptiveGoroutines,
 			Ceiling: adaptiveCeiling, Policy: sc.policy,
@@ -502,28 +495,10 @@ func runAdaptiveFleet(addr string, sc adaptiveScenario) (adaptiveRun, error) {
 		if err != nil {
 			return adaptiveRun{}, err
 		}
-		p := &proc{cmd: exec.CommandContext(ctx, os.Args[0], "-test.run=^$")}
-		p.cmd.Env = append(os.Environ(), adaptiveWorkerEnv+"="+string(cfg))
-		p.cmd.Stderr = &p.stderr
-		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-			return adaptiveRun{}, err
-		}
-		out, err := p.cmd.StdoutPipe()
-		if err != nil {
-			return adaptiveRun{}, err
-		}
-		p.stdout = bufio.NewReader(out)
-		if err := p.cmd.Start(); err != nil {
-			return adaptiveRun{}, err
-		}
 		procs = append(procs, p)
 	}
-	for i, p := range procs {
-		if line, err := p.stdout.ReadString('\n'); err != nil || line != "ready\n" {
-			cancel()
-			p.cmd.Wait()
-			return adaptiveRun{}, fmt.Errorf("worker %d not ready: %q %v: %s", i+1, line, err, p.stderr.String())
-		}
+	if err := awaitReady(procs); err != nil {
+		return adaptiveRun{}, err
 	}
 	srv.Reset() // counters and Series from about the start
 	start := time.Now().Add(100 * time.Millisecond)

@@ -1,11 +1,16 @@
 package transport_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -147,4 +152,44 @@ func status(code int, hdr ...string) step {
 		}
 	}
 	return s
+}
+
+// worker is this test binary started again as a fleet worker process: it
+// reads its configuration from an environment variable, says "ready" on
+// stdout, waits for the start time on stdin, and reports on stdout.
+type worker struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout *bufio.Reader
+	stderr strings.Builder
+}
+
+// startWorker starts a worker with cfg, as JSON, in env; ctx kills it.
+func startWorker(ctx context.Context, env string, cfg any) (*worker, error) {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	w := &worker{cmd: exec.CommandContext(ctx, os.Args[0], "-test.run=^$")}
+	w.cmd.Env = append(os.Environ(), env+"="+string(b))
+	w.cmd.Stderr = &w.stderr
+	if w.stdin, err = w.cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	out, err := w.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	w.stdout = bufio.NewReader(out)
+	return w, w.cmd.Start()
+}
+
+// awaitReady waits for every worker's "ready".
+func awaitReady(workers []*worker) error {
+	for i, w := range workers {
+		if line, err := w.stdout.ReadString('\n'); err != nil || line != "ready\n" {
+			return fmt.Errorf("worker %d not ready: %q %v: %s", i+1, line, err, w.stderr.String())
+		}
+	}
+	return nil
 }

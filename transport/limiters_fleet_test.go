@@ -316,13 +316,7 @@ func runLimitersFleet(t *testing.T, addr string, sc limitersScenario) *limitersR
 
 	ctx, cancel := context.WithTimeout(context.Background(), limitersCutoff+30*time.Second)
 	defer cancel()
-	type proc struct {
-		cmd    *exec.Cmd
-		stdin  io.WriteCloser
-		stdout *bufio.Reader
-		stderr strings.Builder
-	}
-	var procs []*proc
+	var procs []*worker
 	defer func() {
 		cancel() // kills the workers still running
 		for _, p := range procs {
@@ -336,24 +330,12 @@ func runLimitersFleet(t *testing.T, addr string, sc limitersScenario) *limitersR
 		if i == 0 {
 			calls += limitersCalls - share*limitersProcs
 		}
-		cfg, err := json.Marshal(limitersWorkerConfig{Redis: addr, Key: key, URL: url,
+		p, err := startWorker(ctx, limitersWorkerEnv, limitersWorkerConfig{Redis: addr, Key: key, URL: url,
 			Calls: calls, Goroutines: limitersGoroutines, Rate: sc.rate})
 		require.NoError(t, err)
-		p := &proc{cmd: exec.CommandContext(ctx, os.Args[0], "-test.run=^$")}
-		p.cmd.Env = append(os.Environ(), limitersWorkerEnv+"="+string(cfg))
-		p.cmd.Stderr = &p.stderr
-		p.stdin, err = p.cmd.StdinPipe()
-		require.NoError(t, err)
-		out, err := p.cmd.StdoutPipe()
-		require.NoError(t, err)
-		p.stdout = bufio.NewReader(out)
-		require.NoError(t, p.cmd.Start())
 		procs = append(procs, p)
 	}
-	for i, p := range procs {
-		line, err := p.stdout.ReadString('\n')
-		require.True(t, err == nil && line == "ready\n", "worker %d not ready: %q %v: %s", i+1, line, err, p.stderr.String())
-	}
+	require.NoError(t, awaitReady(procs))
 	srv.Reset() // counters and Series from about the start
 	start := time.Now().Add(100 * time.Millisecond)
 	cuts := watchDecreases(ctx, addr, "sluice:{"+key+"}", start)

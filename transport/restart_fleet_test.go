@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -403,14 +402,8 @@ func runRestartFleet(rs *redistest.Server) (restartRun, error) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	type proc struct {
-		cmd    *exec.Cmd
-		stdin  io.WriteCloser
-		stdout *bufio.Reader
-		stderr strings.Builder
-	}
 	var (
-		procs  []*proc
+		procs  []*worker
 		outage sync.WaitGroup // the goroutine that stops and restarts Redis
 	)
 	defer func() {
@@ -426,32 +419,14 @@ func runRestartFleet(rs *redistest.Server) (restartRun, error) {
 		if i == 0 {
 			calls += restartCalls - share*restartProcs
 		}
-		cfg, err := json.Marshal(restartWorkerConfig{Index: i + 1, Redis: rs.Addr, URL: srv.URL + "/v1/ping", Calls: calls})
+		p, err := startWorker(ctx, restartWorkerEnv, restartWorkerConfig{Index: i + 1, Redis: rs.Addr, URL: srv.URL + "/v1/ping", Calls: calls})
 		if err != nil {
-			return restartRun{}, err
-		}
-		p := &proc{cmd: exec.CommandContext(ctx, os.Args[0], "-test.run=^$")}
-		p.cmd.Env = append(os.Environ(), restartWorkerEnv+"="+string(cfg))
-		p.cmd.Stderr = &p.stderr
-		if p.stdin, err = p.cmd.StdinPipe(); err != nil {
-			return restartRun{}, err
-		}
-		out, err := p.cmd.StdoutPipe()
-		if err != nil {
-			return restartRun{}, err
-		}
-		p.stdout = bufio.NewReader(out)
-		if err := p.cmd.Start(); err != nil {
 			return restartRun{}, err
 		}
 		procs = append(procs, p)
 	}
-	for i, p := range procs {
-		if line, err := p.stdout.ReadString('\n'); err != nil || line != "ready\n" {
-			cancel()
-			p.cmd.Wait()
-			return restartRun{}, fmt.Errorf("worker %d not ready: %q %v: %s", i+1, line, err, p.stderr.String())
-		}
+	if err := awaitReady(procs); err != nil {
+		return restartRun{}, err
 	}
 
 	var run restartRun

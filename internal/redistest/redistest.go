@@ -180,6 +180,7 @@ var (
 // call it from TestMain. If none can be started, tests that call Client or
 // Addr skip (or fail, with SLUICE_STRICT=1).
 func Main(m *testing.M) {
+	redis.SetLogger(quiet{}) // servers stopped on purpose are no news
 	pkgServer, errPkg = Start()
 	code := m.Run()
 	if pkgServer != nil {
@@ -187,6 +188,11 @@ func Main(m *testing.M) {
 	}
 	os.Exit(code)
 }
+
+// quiet is a go-redis logger that logs nothing.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 // Addr returns the address of the package's redis-server, or skips t.
 func Addr(t testing.TB) string {
@@ -245,19 +251,23 @@ func Cluster(t testing.TB, masters int) []string {
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
-	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, err := c.ClusterInfo(context.Background()).Result()
-		if err == nil && strings.Contains(info, "cluster_state:ok") {
-			return addrs
+	for _, addr := range addrs { // every node: each learns the state on its own
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		for {
+			info, err := c.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				c.Close()
+				t.Fatalf("redistest: cluster node %s not ready: %v %q", addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redistest: cluster not ready: %v %q", err, info)
-		}
-		time.Sleep(50 * time.Millisecond)
+		c.Close()
 	}
+	return addrs
 }
 
 // Sentinel is a Redis master, its replica and a sentinel watching them,
