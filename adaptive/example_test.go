@@ -26,14 +26,22 @@ func ExampleParse() {
 	// 331 tokens/s
 }
 
-func ExampleIsQuotaExhausted() {
-	body := []byte(`{"error":{"message":"You exceeded your current quota, please check your plan and billing details.",` +
-		`"type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`)
+func ExampleParseBody() {
+	// A Gemini 429: no Retry-After header, the delay in the body.
+	body := []byte(`{"error":{"code":429,"message":"Resource has been exhausted.","status":"RESOURCE_EXHAUSTED",` +
+		`"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"3s"}]}}`)
 
 	f := adaptive.Parse(http.StatusTooManyRequests, http.Header{}, time.Now())
-	if adaptive.IsQuotaExhausted(body) {
-		f.Class = adaptive.QuotaExhausted
-	}
+	f = f.WithBody(adaptive.ParseBody(body))
+	fmt.Println(f.Class, f.RetryAfter)
+
+	// An OpenAI 429 that no wait will cure.
+	body = []byte(`{"error":{"message":"You exceeded your current quota, please check your plan and billing details.",` +
+		`"type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`)
+	f = adaptive.Parse(http.StatusTooManyRequests, http.Header{}, time.Now())
+	f = f.WithBody(adaptive.ParseBody(body))
 	fmt.Println(f.Class, f.Throttled())
-	// Output: quota_exhausted false
+	// Output:
+	// rate_limited 3s
+	// quota_exhausted false
 }

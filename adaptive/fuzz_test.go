@@ -43,6 +43,12 @@ func FuzzParse(f *testing.F) {
 		{200, "RateLimit-Limit: 10, 10;w=1\nRateLimit-Remaining: 25\nRateLimit-Reset: 1777636830"},
 		{200, "RateLimit-Reset: 999999999999999"},
 		{429, `RateLimit: "a\"b";r=0;t=5` + "\nRateLimit: (1 2), ?1;r=1"},
+		{200, "X-RateLimit-Limit: 5000\nX-RateLimit-Remaining: 4999\nX-RateLimit-Reset: 1777636830\nX-RateLimit-Used: 1\nX-RateLimit-Resource: core"},
+		{403, "X-RateLimit-Limit: 60\nX-RateLimit-Remaining: 0\nX-RateLimit-Reset: 1777636830"},
+		{403, "Retry-After: 60\nX-RateLimit-Remaining: 12"},
+		{403, "X-RateLimit-Remaining: 0\nX-RateLimit-Reset: 99999999999999999999"},
+		{429, "X-RateLimit-Limit: 5\nX-RateLimit-Remaining: 0\nX-RateLimit-Reset: 1777636831.250\nX-RateLimit-Reset-After: 1.250\nX-RateLimit-Bucket: abcd1234"},
+		{200, "X-RateLimit-Limit: 100\nX-RateLimit-Remaining: 3\nX-RateLimit-Reset: 20\nRateLimit-Limit: 100\nRateLimit-Remaining: 5\nRateLimit-Reset: 20"},
 	} {
 		f.Add(s.status, s.block)
 	}
@@ -53,10 +59,13 @@ func FuzzParse(f *testing.F) {
 			h.Add(textproto.CanonicalMIMEHeaderKey(k), strings.Trim(v, " \t"))
 		}
 		fb := Parse(status, h, fuzzNow)
+		_, asked := RetryAfter(h, fuzzNow)
+		ghSpent := h.Get("X-Ratelimit-Remaining") != "" && xRateLimit(h, fuzzNow).Remaining == 0
 		switch {
 		case status == 429 && fb.Class != RateLimited,
 			(status == 503 || status == 529) && fb.Class != Overloaded,
-			status != 429 && status != 503 && status != 529 && fb.Class != Accepted:
+			status == 403 && (fb.Class == RateLimited) != (asked || ghSpent),
+			status != 429 && status != 503 && status != 529 && status != 403 && fb.Class != Accepted:
 			t.Fatalf("status %d: class %v", status, fb.Class)
 		case fb.RetryAfter < 0, status < 400 && fb.RetryAfter != 0:
 			t.Fatalf("status %d: RetryAfter %v", status, fb.RetryAfter)
@@ -288,19 +297,71 @@ func FuzzUntil(f *testing.F) {
 	})
 }
 
-// FuzzIsQuotaExhausted: no body makes IsQuotaExhausted panic, and only
-// valid JSON is recognised.
-func FuzzIsQuotaExhausted(f *testing.F) {
+// FuzzParseBody: no body makes ParseBody panic, only valid JSON says
+// anything, and a delay is never negative nor saturated.
+func FuzzParseBody(f *testing.F) {
 	for _, s := range []string{
 		`{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`,
 		`{"type":"error","error":{"type":"billing_error","message":"billing"}}`,
 		`{"error":{"code":429,"type":"insufficient_quota"}}`, `{"error":"insufficient_quota"}`, `[[[[`, `null`, ``,
+		`{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"3s"},` +
+			`{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"m","quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]}]}}`,
+		`{"error":{"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"0.250s"}]}}`,
+		`{"error":{"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"9223372036.854775808s"}]}}`,
+		`{"error":{"message":"Please try again in 6.379s. Visit","type":"tokens","code":"rate_limit_exceeded"}}`,
+		`{"error":{"message":"Please try again in 1m30s."}}`, `{"error":{"message":"retry after 17 seconds"}}`,
+		`{"error":{"message":"try again in try again in 2562047h47m16.854775807s"}}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		if IsQuotaExhausted(body) && !json.Valid(body) {
-			t.Fatalf("%q: invalid JSON recognised", body)
+		b := ParseBody(body)
+		if b != (Body{}) && !json.Valid(body) {
+			t.Fatalf("%q: invalid JSON says %+v", body, b)
+		}
+		if b.RetryAfter < 0 || b.RetryAfter == maxDuration {
+			t.Fatalf("%q: delay %v", body, b.RetryAfter)
+		}
+	})
+}
+
+// FuzzMessageDelay: a message's delay is never negative nor saturated, and
+// is found only after one of the phrases.
+func FuzzMessageDelay(f *testing.F) {
+	for _, s := range []string{"Please try again in 6.379s. Visit", "try again in 1m30s", "in 20ms", "try again in 2.5 seconds",
+		"Please retry after 17 seconds.", "Please retry in 39.010806355s.", "try again in", "try again in .s", "RETRY IN 3MS",
+		"try again in 9999999999999999999999 ms", "try again in 1h1h", "retry after 1 sec", "try again in µs"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, msg string) {
+		d, ok := messageDelay(msg)
+		if !ok && d != 0 || d < 0 || d == maxDuration {
+			t.Fatalf("%q: %v, %v", msg, d, ok)
+		}
+		if ok && !strings.Contains(strings.ToLower(msg), "try again in ") && !strings.Contains(strings.ToLower(msg), "retry ") {
+			t.Fatalf("%q: %v with no phrase", msg, d)
+		}
+	})
+}
+
+// FuzzResetAt: the X-RateLimit reset is never negative nor saturated, and a
+// number of seconds below 1e9 is read exactly.
+func FuzzResetAt(f *testing.F) {
+	for _, s := range []string{"", "0", "30", "1.5", "1777636830", "1777636830.123", "999999999", "1000000000",
+		"0001777636830", "99999999999", "9223372036854775807", "9223372036854775808", "-1", "1e9", "1.", ".5"} {
+		f.Add(s, int64(0))
+	}
+	f.Fuzz(func(t *testing.T, s string, offset int64) {
+		now := fuzzNow.Add(time.Duration(offset))
+		d := resetAt(s, now)
+		if d < 0 || d == maxDuration {
+			t.Fatalf("%q at %v: %v", s, now, d)
+		}
+		if n, err := strconv.ParseUint(s, 10, 64); err == nil && n < unixThreshold && d != time.Duration(n)*time.Second {
+			t.Fatalf("%q: %v", s, d)
+		}
+		if _, _, ok := decimal(s); !ok && d != 0 {
+			t.Fatalf("%q: %v for a malformed reset", s, d)
 		}
 	})
 }

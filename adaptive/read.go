@@ -1,8 +1,6 @@
 package adaptive
 
 import (
-	"encoding/json"
-	"errors"
 	"math"
 	"math/bits"
 	"net/http"
@@ -29,16 +27,26 @@ func Read(resp *http.Response) Feedback {
 
 // Parse returns what a response with this status and header says about the
 // limit it met, at time now. It never reads a body, so it cannot tell a
-// spent quota from a rate limit: a caller that holds the body of a 429 asks
-// IsQuotaExhausted.
+// spent quota from a rate limit, nor learn a delay that only the body
+// states: a caller that holds the start of a refusal's body amends the
+// Feedback with f.WithBody(ParseBody(body)).
 //
-// Class is RateLimited for 429, Overloaded for 503 and 529, else Accepted.
-// RetryAfter is read, as RetryAfter reads it, from those three statuses
-// only: they turn a request away for rate or load, and a bucket applies
-// their Retry-After to every process that shares the key. On any other
-// status (a success, a redirect, a 400, 401, 404 or 500) it asks at most
-// for that one request to be retried later, which a caller reads with
-// RetryAfter itself; it is no reason to pause the fleet.
+// Class is RateLimited for 429, Overloaded for 503 and 529, RateLimited
+// for a 403 that says it is a rate limit (GitHub answers its limits with
+// 403 or 429: X-RateLimit-Remaining 0 for the primary limit, a Retry-After
+// for the secondary one), else Accepted: Accepted is no verdict on the
+// request, only that it was not turned away for rate or load; a 403 that
+// carries neither (a token without the scope, a blocked account) is
+// Accepted, as are a 400, 401 or 500.
+//
+// RetryAfter is read, as RetryAfter reads it, from those refusals only:
+// they turn a request away for rate or load, and a bucket applies their
+// Retry-After to every process that shares the key. On any other status
+// (a success, a redirect, a 400, 401, 404 or 500) it asks at most for that
+// one request to be retried later, which a caller reads with RetryAfter
+// itself; it is no reason to pause the fleet. A refusal without a
+// Retry-After whose X-RateLimit-Remaining is 0 asks for a wait until its
+// reset (X-RateLimit-Reset-After or X-RateLimit-Reset), as GitHub documents.
 //
 // Quotas holds, by dimension, what these headers report, and is nil if they
 // report nothing:
@@ -52,32 +60,52 @@ func Read(resp *http.Response) Feedback {
 //     RateLimit, whose items are matched by name (quota units "requests" and
 //     "tokens"; others are ignored), and the earlier drafts' RateLimit-Limit,
 //     RateLimit-Remaining and RateLimit-Reset (requests), whose reset is read
-//     as a Unix time when it is 1e9 or more, as some servers send it.
+//     as a Unix time when it is 1e9 or more, as some servers send it;
+//   - GitHub and Discord: X-RateLimit-Limit, X-RateLimit-Remaining and
+//     X-RateLimit-Reset (requests), the reset a Unix time in seconds when it
+//     is 1e9 or more (both send it so; Discord's has a fraction), else a
+//     number of seconds, and Discord's X-RateLimit-Reset-After, a number of
+//     seconds, which wins over X-RateLimit-Reset since it does not depend on
+//     our clock. X-RateLimit-Used, -Resource, -Bucket, -Global and -Scope
+//     are ignored: a key is what tells GitHub's resources or Discord's
+//     buckets apart.
 //
 // A malformed value is ignored, as is a count below zero (Azure sends -1
 // for "unknown"), a reset or window of 292 years or more, and a RateLimit
 // item or policy with any such parameter. A Limit is positive, a Remaining
 // never above its Limit (it is clamped to it: a limit can be lowered within
 // a window, and Anthropic rounds what remains), a reset in the past is
-// zero. When several policies or header families report on one dimension,
-// the Quota kept is the most restrictive: the least Remaining, a known
-// Remaining rather than an unknown one, else the lowest rate.
+// zero. When several policies or header families report on one dimension
+// (a server may send both X-RateLimit-* and RateLimit-*), the Quota kept is
+// the most restrictive: the least Remaining, a known Remaining rather than
+// an unknown one, else the lowest rate.
 func Parse(status int, h http.Header, now time.Time) Feedback {
 	var f Feedback
+	gh := xRateLimit(h, now)
+	spent := gh.Remaining == 0
 	switch status {
 	case http.StatusTooManyRequests:
 		f.Class = RateLimited
 	case http.StatusServiceUnavailable, statusOverloaded:
 		f.Class = Overloaded
+	case http.StatusForbidden:
+		if _, asked := RetryAfter(h, now); asked || spent {
+			f.Class = RateLimited
+		}
 	}
 	if f.Class != Accepted {
-		f.RetryAfter, _ = RetryAfter(h, now)
+		var asked bool
+		f.RetryAfter, asked = RetryAfter(h, now)
+		if !asked && spent {
+			f.RetryAfter = gh.Reset
+		}
 	}
 	var qs quotaSet
 	qs.openAI(h)
 	qs.anthropic(h, now)
 	qs.ietf(h)
 	qs.ietfLegacy(h, now)
+	qs.put(Requests, gh)
 	f.Quotas = qs
 	return f
 }
@@ -103,33 +131,6 @@ func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 		return max(t.Sub(now), 0), true
 	}
 	return 0, false
-}
-
-// IsQuotaExhausted reports whether body, a JSON error body, says that the
-// account is out of quota or credit, which no wait will fix: OpenAI's
-// insufficient_quota (as its code or type) or billing_hard_limit_reached,
-// Anthropic's billing_error or its "credit balance is too low". Any other
-// body, or one that is not JSON (a body cut short included), is not.
-func IsQuotaExhausted(body []byte) bool {
-	var v struct {
-		Error struct {
-			Type    string `json:"type"`
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	// A field of another type (a numeric code) leaves the others read.
-	var typeErr *json.UnmarshalTypeError
-	if err := json.Unmarshal(body, &v); err != nil && !errors.As(err, &typeErr) {
-		return false
-	}
-	e := v.Error
-	switch {
-	case e.Code == "insufficient_quota", e.Type == "insufficient_quota",
-		e.Code == "billing_hard_limit_reached", e.Type == "billing_error":
-		return true
-	}
-	return strings.Contains(e.Message, "credit balance is too low")
 }
 
 // quotaSet collects the quotas of one response; nil until one is put.
@@ -357,6 +358,44 @@ func firstCount(lines []string) (float64, bool) {
 	}
 	return items[0].num, true
 }
+
+// xRateLimit returns the Quota that GitHub's and Discord's X-RateLimit-Limit,
+// X-RateLimit-Remaining, X-RateLimit-Reset and X-RateLimit-Reset-After
+// report (see Parse); Remaining is -1 if unknown.
+func xRateLimit(h http.Header, now time.Time) Quota {
+	q := quotaOf(first(h, "X-Ratelimit-Limit"), first(h, "X-Ratelimit-Remaining"))
+	if whole, frac, ok := decimal(first(h, "X-Ratelimit-Reset-After")); ok {
+		q.Reset, _ = below(scale(whole, frac, time.Second))
+	} else {
+		q.Reset = resetAt(first(h, "X-Ratelimit-Reset"), now)
+	}
+	return q
+}
+
+// resetAt returns the time from now to v, a reset in seconds with an
+// optional fraction: a Unix time when it is unixThreshold or more, else a
+// number of seconds. It is zero if v is malformed, past, or 292 years or
+// more away.
+func resetAt(v string, now time.Time) time.Duration {
+	whole, frac, ok := decimal(v)
+	if !ok {
+		return 0
+	}
+	if w := strings.TrimLeft(whole, "0"); len(w) < 10 { // below unixThreshold, 1e9
+		d, _ := below(scale(whole, frac, time.Second))
+		return d
+	}
+	sec, err := strconv.ParseInt(whole, 10, 64)
+	if err != nil || sec > maxUnix {
+		return 0
+	}
+	return ahead(time.Unix(sec, int64(scale("", frac, time.Second))), now)
+}
+
+// maxUnix is the latest Unix time resetAt reads, in the year 5138: far
+// beyond any reset ahead (which ahead refuses), and far from the overflow of
+// time.Unix.
+const maxUnix = 1e11
 
 // first returns the first value of the header key, which must be in
 // canonical form: a map lookup, cheaper than h.Get.

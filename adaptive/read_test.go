@@ -4,7 +4,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -41,6 +40,7 @@ func TestParseClass(t *testing.T) {
 		{301, adaptive.Accepted},
 		{400, adaptive.Accepted},
 		{402, adaptive.Accepted},
+		{403, adaptive.Accepted},
 		{408, adaptive.Accepted},
 		{429, adaptive.RateLimited},
 		{500, adaptive.Accepted},
@@ -273,6 +273,109 @@ func TestParse(t *testing.T) {
 			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(0, 0, 0, 0)},
 		},
 		{
+			name:   "GitHub, as documented",
+			status: 200,
+			h: header("x-ratelimit-limit", "5000", "x-ratelimit-remaining", "4999",
+				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+3600, 10), "x-ratelimit-used", "1",
+				"x-ratelimit-resource", "core"),
+			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(5000, 4999, time.Hour, 0)},
+		},
+		{
+			name:   "GitHub 403, primary limit: a pause until the reset",
+			status: 403,
+			h: header("x-ratelimit-limit", "60", "x-ratelimit-remaining", "0",
+				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+42, 10), "x-ratelimit-used", "60"),
+			retryAfter: 42 * time.Second,
+			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(60, 0, 42*time.Second, 0)},
+		},
+		{
+			name:   "GitHub 429, primary limit",
+			status: 429,
+			h: header("x-ratelimit-limit", "60", "x-ratelimit-remaining", "0",
+				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+42, 10)),
+			retryAfter: 42 * time.Second,
+			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(60, 0, 42*time.Second, 0)},
+		},
+		{
+			name:   "GitHub 403, secondary limit: Retry-After wins over the reset",
+			status: 403,
+			h: header("retry-after", "60", "x-ratelimit-limit", "5000", "x-ratelimit-remaining", "0",
+				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+1800, 10)),
+			retryAfter: time.Minute,
+			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(5000, 0, 30*time.Minute, 0)},
+		},
+		{
+			name:       "GitHub 403, secondary limit with quota left",
+			status:     403,
+			h:          header("retry-after", "60", "x-ratelimit-limit", "5000", "x-ratelimit-remaining", "4000"),
+			retryAfter: time.Minute,
+			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(5000, 4000, 0, 0)},
+		},
+		{
+			name:   "GitHub 403 with quota left is no refusal",
+			status: 403,
+			h:      header("x-ratelimit-limit", "5000", "x-ratelimit-remaining", "4000"),
+			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(5000, 4000, 0, 0)},
+		},
+		{
+			name:   "remaining 0 on a success is no pause",
+			status: 200,
+			h:      header("x-ratelimit-remaining", "0", "x-ratelimit-reset", "30"),
+			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(0, 0, 30*time.Second, 0)},
+		},
+		{
+			name:   "Discord 429: reset-after wins over reset",
+			status: 429,
+			h: header("x-ratelimit-limit", "5", "x-ratelimit-remaining", "0",
+				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+9, 10)+".5", "x-ratelimit-reset-after", "1.250",
+				"x-ratelimit-bucket", "abcd1234", "x-ratelimit-scope", "user"),
+			retryAfter: 1250 * time.Millisecond,
+			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(5, 0, 1250*time.Millisecond, 0)},
+		},
+		{
+			name:   "Discord: a fractional Unix reset",
+			status: 200,
+			h: header("x-ratelimit-limit", "5", "x-ratelimit-remaining", "4",
+				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+2, 10)+".250"),
+			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(5, 4, 2250*time.Millisecond, 0)},
+		},
+		{
+			name:   "X-RateLimit reset as seconds",
+			status: 200,
+			h:      header("x-ratelimit-limit", "100", "x-ratelimit-remaining", "3", "x-ratelimit-reset", "20"),
+			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(100, 3, 20*time.Second, 0)},
+		},
+		{
+			name:   "X-RateLimit, malformed values are ignored",
+			status: 403,
+			h: header("x-ratelimit-limit", "-5", "x-ratelimit-remaining", "0x0",
+				"x-ratelimit-reset", "99999999999999999999", "x-ratelimit-reset-after", "-1"),
+		},
+		{
+			name:   "X-RateLimit, a reset absurdly far or past is none",
+			status: 403,
+			h:      header("x-ratelimit-remaining", "0", "x-ratelimit-reset", "99999999999999"),
+			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(0, 0, 0, 0)},
+		},
+		{
+			name:   "X-RateLimit and OpenAI's suffixed headers apart",
+			status: 200,
+			h: header("x-ratelimit-limit", "100", "x-ratelimit-remaining", "50",
+				"x-ratelimit-limit-requests", "60", "x-ratelimit-remaining-requests", "10",
+				"x-ratelimit-limit-tokens", "1000", "x-ratelimit-remaining-tokens", "900"),
+			quotas: map[string]adaptive.Quota{
+				adaptive.Requests: quota(60, 10, 0, 0),
+				adaptive.Tokens:   quota(1000, 900, 0, 0),
+			},
+		},
+		{
+			name:   "X-RateLimit and RateLimit both: the most restrictive",
+			status: 200,
+			h: header("x-ratelimit-limit", "100", "x-ratelimit-remaining", "3", "x-ratelimit-reset", "20",
+				"ratelimit-limit", "100", "ratelimit-remaining", "5", "ratelimit-reset", "20"),
+			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(100, 3, 20*time.Second, 0)},
+		},
+		{
 			name:   "Retry-After on a success is no pause",
 			status: 200,
 			h:      header("Retry-After", "30"),
@@ -293,7 +396,8 @@ func TestParse(t *testing.T) {
 }
 
 // TestParseRetryAfterOnlyWhenThrottled: a Retry-After pauses the key for
-// the whole fleet, so Parse reads it from a 429, 503 or 529 only; on a 400,
+// the whole fleet, so Parse reads it from a 429, 503 or 529 only, and from
+// a 403 that it makes a refusal (GitHub's secondary rate limit); on a 400,
 // 401, 404 or 500 it paused every process sharing the key.
 func TestParseRetryAfterOnlyWhenThrottled(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
@@ -302,8 +406,8 @@ func TestParseRetryAfterOnlyWhenThrottled(t *testing.T) {
 		status int
 		want   time.Duration
 	}{
-		{429, 30 * time.Second}, {503, 30 * time.Second}, {529, 30 * time.Second},
-		{200, 0}, {301, 0}, {400, 0}, {401, 0}, {403, 0}, {404, 0}, {408, 0}, {500, 0}, {502, 0}, {504, 0},
+		{429, 30 * time.Second}, {503, 30 * time.Second}, {529, 30 * time.Second}, {403, 30 * time.Second},
+		{200, 0}, {301, 0}, {400, 0}, {401, 0}, {404, 0}, {408, 0}, {500, 0}, {502, 0}, {504, 0},
 	} {
 		f := adaptive.Parse(tc.status, h, now)
 		assert.Equal(t, tc.want, f.RetryAfter, "status %d", tc.status)
@@ -364,46 +468,6 @@ func TestRetryAfter(t *testing.T) {
 			d, ok := adaptive.RetryAfter(tt.h, now)
 			assert.Equal(t, tt.want, d)
 			assert.Equal(t, tt.ok, ok)
-		})
-	}
-}
-
-func TestIsQuotaExhausted(t *testing.T) {
-	tests := []struct {
-		name string
-		body string
-		want bool
-	}{
-		{"OpenAI insufficient_quota",
-			`{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`, true},
-		{"OpenAI insufficient_quota, null code",
-			`{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":null}}`, true},
-		{"OpenAI billing hard limit",
-			`{"error":{"message":"Billing hard limit has been reached","type":"invalid_request_error","param":null,"code":"billing_hard_limit_reached"}}`, true},
-		{"Anthropic billing_error",
-			`{"type":"error","error":{"type":"billing_error","message":"There is an issue with your account's billing."}}`, true},
-		{"Anthropic credit balance",
-			`{"type":"error","error":{"type":"invalid_request_error","message":"Your credit balance is too low to access the Anthropic API. Please go to Plans & Billing to upgrade or purchase credits."}}`, true},
-		{"a numeric code does not hide the type",
-			`{"error":{"code":429,"type":"insufficient_quota"}}`, true},
-		{"trailing whitespace",
-			`{"error":{"code":"insufficient_quota"}}` + strings.Repeat(" ", 5000), true},
-		{"OpenAI rate limit",
-			`{"error":{"message":"Rate limit reached for gpt-4 in organization org-x on tokens per min.","type":"tokens","param":null,"code":"rate_limit_exceeded"}}`, false},
-		{"Anthropic rate limit",
-			`{"type":"error","error":{"type":"rate_limit_error","message":"Number of request tokens has exceeded your per-minute rate limit"}}`, false},
-		{"Anthropic overloaded", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`, false},
-		{"the words elsewhere", `{"error":{"message":"not insufficient_quota","type":"x"},"code":"insufficient_quota"}`, false},
-		{"error as a string", `{"error":"insufficient_quota"}`, false},
-		{"cut short", `{"error":{"code":"insufficient_quota"`, false},
-		{"not JSON", `insufficient_quota`, false},
-		{"array", `[{"error":{"code":"insufficient_quota"}}]`, false},
-		{"empty", ``, false},
-		{"null", `null`, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, adaptive.IsQuotaExhausted([]byte(tt.body)))
 		})
 	}
 }

@@ -71,6 +71,9 @@ func TestMalformedRateLimitHeaders(t *testing.T) {
 		{"Anthropic-Ratelimit-Tokens-Limit", "-1"},
 		{"RateLimit", "garbage;;;="}, {"RateLimit", `"default";r=-1;t=NaN`},
 		{"RateLimit-Policy", `"x";q=abc;w=-1`}, {"RateLimit-Policy", `;;;`},
+		{"X-Ratelimit-Remaining", "abc"}, {"X-Ratelimit-Remaining", "-1"}, {"X-Ratelimit-Limit", "Inf"},
+		{"X-Ratelimit-Reset", "99999999999999999999"}, {"X-Ratelimit-Reset", "-5"},
+		{"X-Ratelimit-Reset-After", "NaN"}, {"X-Ratelimit-Reset-After", "1e9"},
 	} {
 		t.Run(hdr[0]+": "+hdr[1], func(t *testing.T) {
 			var hits atomic.Int32

@@ -42,6 +42,8 @@ func TestOnePoisonedResponse(t *testing.T) {
 			"x-ratelimit-limit-tokens": "1", "x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": "1000000s"}},
 		{name: "quota reset 100000h", body: `{"usage":{"total_tokens":100}}`, headers: map[string]string{
 			"x-ratelimit-limit-requests": "1000", "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "100000h"}},
+		{name: "X-RateLimit reset in 2128", body: `{"usage":{"total_tokens":100}}`, headers: map[string]string{
+			"x-ratelimit-limit": "1", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "5000000000"}},
 		{name: "IETF window 1e6 s", body: `{"usage":{"total_tokens":100}}`, headers: map[string]string{
 			"RateLimit-Policy": `"p";q=1;w=1000000`, "RateLimit": `"p";r=0;t=1000000`}},
 	} {

@@ -19,11 +19,14 @@ import (
 // value is the default policy. An attempt is retried, up to MaxAttempts,
 // when its request body can be replayed (no body, or GetBody is set) and:
 //
-//   - the response is 429, 503 or 529: the upstream turned the request away
-//     before processing it, so any method is retried; except a 429 whose
-//     body says the quota is exhausted (OpenAI's "insufficient_quota"),
-//     which waiting will not fix: its first 4 KiB, if they come within
-//     250ms (a body slower than that is taken to say nothing);
+//   - the response is 429, 503 or 529, or a 403 that says it is a rate
+//     limit (GitHub's: X-RateLimit-Remaining 0, or a Retry-After; see
+//     adaptive.Parse): the upstream turned the request away before
+//     processing it, so any method is retried; except a 429 whose body says
+//     the quota is exhausted (OpenAI's "insufficient_quota", a Gemini daily
+//     quota; see adaptive.ParseBody), which waiting will not fix: its first
+//     4 KiB, if they come within 250ms (a body slower than that is taken to
+//     say nothing);
 //   - the response is 408, 500, 502 or 504, or the attempt failed without a
 //     response (a connection error; not a cancelled context, nor a
 //     certificate error), and the request is idempotent: GET, HEAD,
@@ -34,8 +37,10 @@ import (
 //     any status of 400 and above.
 //
 // The wait before a retry is the delay the response asks for, in
-// retry-after-ms or Retry-After (seconds or an HTTP-date), or else the next
-// exponential backoff interval; a random extra of up to Jitter times that
+// retry-after-ms or Retry-After (seconds or an HTTP-date); or, for a
+// refusal whose headers ask for none, in its body (Gemini's RetryInfo, a
+// "try again in 6.379s" in the message) or until the reset of its spent
+// X-RateLimit quota (GitHub); or else the next exponential backoff interval; a random extra of up to Jitter times that
 // delay is added, never taken off. A response that asks for more than
 // MaxRetryAfter is returned as it is, and so is one whose retry would start
 // after the request context's deadline.

@@ -27,9 +27,11 @@ import (
 //
 // What each response says about the limit (adaptive.Parse) goes to the
 // bucket's Observe, which applies it for every process sharing the bucket.
-// A 429 or 503 (or 529) with a Retry-After also holds back every request
-// of its key sent through this Transport until that time (at most
-// Retry.MaxRetryAfter), even one whose slot was already reserved.
+// A 429 or 503 (or 529, or a 403 that says it is a rate limit) with a
+// Retry-After, or whose body asks for a delay (adaptive.ParseBody), also
+// holds back every request of its key sent through this Transport until
+// that time (at most Retry.MaxRetryAfter), even one whose slot was already
+// reserved.
 //
 // Transport is safe for concurrent use.
 type Transport struct {
@@ -302,39 +304,46 @@ func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
 // pause and the retry follow from one reading of its Retry-After.
 type verdict struct {
 	// retryAfter is the delay a response of status 400 or more asks for
-	// (adaptive.RetryAfter), if asked.
+	// (adaptive.RetryAfter), if asked; for a refusal whose headers ask for
+	// none, the delay its body asks for or the reset of its spent
+	// X-RateLimit quota (adaptive.Feedback.RetryAfter), if any.
 	retryAfter time.Duration
 	asked      bool
-	// quotaExhausted: a 429 whose body says the quota is spent (peekBody,
-	// adaptive.IsQuotaExhausted).
+	// refused: adaptive.Parse took the response for a refusal for rate or
+	// load (429, 503, 529, and a 403 that GitHub's headers say is one).
+	refused bool
+	// quotaExhausted: a refusal whose body says the quota is spent
+	// (peekBody, adaptive.ParseBody).
 	quotaExhausted bool
 }
 
-// observe reads what resp says about the limit. A 429, 503 or 529 with a
-// Retry-After holds key back in this process for that long (at most
-// MaxRetryAfter), slots already reserved included (see wait); and
-// the bucket learns it all for the fleet (bucket.Observe): every refusal,
-// and what accepted responses report about the quota, at most once per
-// observeEvery per key. Only a 429's body is looked into (peekBody).
+// observe reads what resp says about the limit. A 429, 503 or 529 (or a
+// 403 that says it is a rate limit) with a Retry-After, or whose body asks
+// for a delay, holds key back in this process for that long (at most
+// MaxRetryAfter), slots already reserved included (see wait); and the
+// bucket learns it all for the fleet (bucket.Observe): every refusal, and
+// what accepted responses report about the quota, at most once per
+// observeEvery per key. Only a refusal's body is looked into (peekBody).
 func (t *Transport) observe(ctx context.Context, key string, epoch uint64, resp *http.Response) verdict {
 	now := t.cfg.now()
 	var v verdict
 	if resp.StatusCode >= http.StatusBadRequest {
 		v.retryAfter, v.asked = adaptive.RetryAfter(resp.Header, now)
 	}
-	if resp.StatusCode == http.StatusTooManyRequests {
-		v.quotaExhausted = adaptive.IsQuotaExhausted(peekBody(resp))
-	}
 	fb := adaptive.Parse(resp.StatusCode, resp.Header, now)
+	if v.refused = fb.Class != adaptive.Accepted; v.refused {
+		fb = fb.WithBody(adaptive.ParseBody(peekBody(resp)))
+		v.quotaExhausted = fb.Class == adaptive.QuotaExhausted
+		if !v.asked && fb.RetryAfter > 0 {
+			v.retryAfter, v.asked = fb.RetryAfter, true
+		}
+	}
 	if fb.Empty() {
 		return v
 	}
 	fb.Epoch = epoch
-	if v.quotaExhausted {
-		fb.Class = adaptive.QuotaExhausted
-	}
-	// Parse reads a Retry-After from a 429, 503 or 529 only: nothing else
-	// pauses the key.
+	// Parse reads a Retry-After from a refusal only: nothing else pauses
+	// the key.
 	fb.RetryAfter = min(fb.RetryAfter, t.cfg.retry.MaxRetryAfter)
 	if fb.RetryAfter > 0 {
 		t.pauses.pause(key, now.Add(fb.RetryAfter), now)
@@ -371,7 +380,7 @@ func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *htt
 			}
 		} else {
 			switch always, ifIdempotent := retryableStatus(resp.StatusCode); {
-			case always:
+			case always || v.refused:
 				if v.quotaExhausted {
 					if l := t.logger(ctx); l != nil {
 						logReq(ctx, l, req, "sluice: quota exhausted, not retrying", slog.Int("attempt", n))

@@ -1,0 +1,178 @@
+package adaptive
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"time"
+)
+
+// Body is what the JSON error body of a refusal says about it.
+type Body struct {
+	// QuotaExhausted: the account is out of quota or credit, which no wait
+	// short of a new billing period or a new day will fix.
+	QuotaExhausted bool
+	// RetryAfter is the delay the body asks for, zero if it asks for none.
+	RetryAfter time.Duration
+}
+
+// ParseBody returns what body, the start of a refusal's body, says:
+//
+//   - QuotaExhausted for OpenAI's insufficient_quota (as its code or type)
+//     or billing_hard_limit_reached, Anthropic's billing_error or its
+//     "credit balance is too low", and Gemini's google.rpc.QuotaFailure
+//     with a violation of a daily quota (a quotaId with "PerDay", as
+//     "GenerateRequestsPerDayPerProjectPerModel-FreeTier", or a quotaMetric
+//     with "per_day"): Gemini asks even then for a retry in seconds, which
+//     would be refused again until the day is over;
+//   - RetryAfter from Gemini's google.rpc.RetryInfo, whose retryDelay is a
+//     protobuf Duration in its JSON form ("3s", "1.5s", "0.250s"), else
+//     from the error's message text: "try again in" (OpenAI: "Please try
+//     again in 6.379s.", "in 1m30s", "in 20ms"), "retry in" (Gemini's
+//     message: "Please retry in 39.010806355s.") or "retry after" (Azure:
+//     "Please retry after 17 seconds."), followed by a duration as Go writes
+//     it ("1h2m3.5s") or a number and "second(s)", "millisecond(s)" or
+//     "ms".
+//
+// The error is the object under the top-level "error" key, as OpenAI,
+// Anthropic, Gemini and their imitators write it. Any other body, one that
+// is not JSON (a body cut short included), or a malformed delay or one of
+// 292 years or more, says nothing.
+func ParseBody(body []byte) Body {
+	var v struct {
+		Error struct {
+			Type    string `json:"type"`
+			Code    string `json:"code"`
+			Message string `json:"message"`
+			Details []struct {
+				Type       string `json:"@type"`
+				RetryDelay string `json:"retryDelay"`
+				Violations []struct {
+					QuotaMetric string `json:"quotaMetric"`
+					QuotaID     string `json:"quotaId"`
+				} `json:"violations"`
+			} `json:"details"`
+		} `json:"error"`
+	}
+	// A field of another type (Gemini's numeric code) leaves the others read.
+	var typeErr *json.UnmarshalTypeError
+	if err := json.Unmarshal(body, &v); err != nil && !errors.As(err, &typeErr) {
+		return Body{}
+	}
+	var b Body
+	e := &v.Error
+	switch {
+	case e.Code == "insufficient_quota", e.Type == "insufficient_quota",
+		e.Code == "billing_hard_limit_reached", e.Type == "billing_error",
+		strings.Contains(e.Message, "credit balance is too low"):
+		b.QuotaExhausted = true
+	}
+	retryInfo := false
+	for _, d := range e.Details {
+		switch d.Type {
+		case "type.googleapis.com/google.rpc.RetryInfo":
+			if delay, ok := protoDuration(d.RetryDelay); ok && !retryInfo {
+				b.RetryAfter, retryInfo = delay, true
+			}
+		case "type.googleapis.com/google.rpc.QuotaFailure":
+			for _, q := range d.Violations {
+				if strings.Contains(q.QuotaID, "PerDay") || strings.Contains(q.QuotaMetric, "per_day") {
+					b.QuotaExhausted = true
+				}
+			}
+		}
+	}
+	if !retryInfo {
+		b.RetryAfter, _ = messageDelay(e.Message)
+	}
+	return b
+}
+
+// WithBody returns f amended by b, what the body of f's response says
+// (ParseBody): a RateLimited f whose body says the quota is spent is
+// QuotaExhausted, and a refusal (any Class but Accepted) whose headers ask
+// for no delay takes the body's, which then pauses the key as a
+// Retry-After would. An Accepted f is returned as it is: a delay in the body
+// of a 400 or a 500 asks at most for that request to be retried.
+func (f Feedback) WithBody(b Body) Feedback {
+	if f.Class == Accepted {
+		return f
+	}
+	if f.Class == RateLimited && b.QuotaExhausted {
+		f.Class = QuotaExhausted
+	}
+	if f.RetryAfter <= 0 {
+		f.RetryAfter = b.RetryAfter
+	}
+	return f
+}
+
+// protoDuration parses s, a google.protobuf.Duration in its JSON form: a
+// decimal number of seconds followed by "s" ("3s", "1.5s", "0.250s"). A
+// sign, an exponent or a duration of 292 years or more is refused; a
+// fraction is rounded up to the nanosecond.
+func protoDuration(s string) (time.Duration, bool) {
+	num, ok := strings.CutSuffix(s, "s")
+	if !ok {
+		return 0, false
+	}
+	whole, frac, ok := decimal(num)
+	if !ok {
+		return 0, false
+	}
+	return below(scale(whole, frac, time.Second))
+}
+
+// delayPhrases introduce a delay in an error message.
+var delayPhrases = [...]string{"try again in ", "retry in ", "retry after "}
+
+// delayUnits are the words for a unit after a bare number in a message.
+var delayUnits = [...]struct {
+	word string
+	d    time.Duration
+}{
+	{"seconds", time.Second}, {"second", time.Second}, {"secs", time.Second}, {"sec", time.Second},
+	{"milliseconds", time.Millisecond}, {"millisecond", time.Millisecond}, {"ms", time.Millisecond},
+}
+
+// messageDelay returns the delay msg states after one of delayPhrases (in
+// any case; the phrases tried in their order, each where it first comes
+// with a well-formed delay), and whether it states one (see ParseBody).
+func messageDelay(msg string) (time.Duration, bool) {
+	lower := strings.ToLower(msg)
+	for _, p := range delayPhrases {
+		for rest := lower; ; {
+			i := strings.Index(rest, p)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(p):]
+			if d, ok := delayAt(rest); ok {
+				return d, true
+			}
+		}
+	}
+	return 0, false
+}
+
+// delayAt reads the delay s starts with: a Go duration ("6.379s",
+// "1m30s") or a number then a unit word ("17 seconds"), either one ending
+// at a space, at the end, or at punctuation that ends a sentence.
+func delayAt(s string) (time.Duration, bool) {
+	word, rest, _ := strings.Cut(s, " ")
+	word = strings.TrimRight(word, ".,;:!)")
+	if word == "" {
+		return 0, false
+	}
+	if whole, frac, ok := decimal(word); ok {
+		unit, _, _ := strings.Cut(rest, " ")
+		unit = strings.TrimRight(unit, ".,;:!)")
+		for _, u := range delayUnits {
+			if u.word == unit {
+				return below(scale(whole, frac, u.d))
+			}
+		}
+		return 0, false
+	}
+	return goDuration(word)
+}
