@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"math"
+	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -92,13 +93,19 @@ func (f *failover) slotOf(key string) time.Time {
 	return f.slots[key]
 }
 
-// sent reports whether a call that failed with err may have run on Redis:
-// it was sent, and its reply lost (a reset, a timeout), rather than turned
-// away unsent (the breaker, a contact under way, a refused connection, a
-// server that did not run it).
+// sent reports whether a call that failed with err ran on Redis, as far as
+// can be told: its connection broke after it was sent, as when its reply is
+// lost, rather than the call being turned away unsent (the breaker, a
+// contact under way, a refused connection, a server that did not run it)
+// or timing out (a paused server drops what a client that left had sent:
+// owing the call again errs toward the limit).
 func sent(err error) bool {
 	var ue *UnavailableError
 	if !errors.As(err, &ue) {
+		return false
+	}
+	var ne net.Error
+	if errors.As(ue.Err, &ne) && ne.Timeout() || errors.Is(ue.Err, context.DeadlineExceeded) {
 		return false
 	}
 	return !errors.Is(ue.Err, gobreaker.ErrOpenState) && !errors.Is(ue.Err, gobreaker.ErrTooManyRequests) &&
@@ -112,8 +119,9 @@ func sent(err error) bool {
 // slots the fleet reserved on Redis are spent whatever becomes of Redis. It
 // records what it admits for each key, the debt to settle with Redis once
 // it is back: what has come due (at most its burst: Redis refills no more
-// while it is away) and every slot still to come; but not a call that may
-// have run on Redis (its reply was lost), which Redis has charged already.
+// while it is away) and every slot still to come; but not a call that ran
+// on Redis (its reply was lost to a broken connection), which Redis has
+// charged already.
 type share struct {
 	members int64
 	local   *Local
