@@ -210,7 +210,14 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 				k.provider[j] = math.NaN()
 			}
 		}
-		if r.rate > 0 && r.burst > 0 && r.rem >= 0 {
+		if had && r.rate == 0 && r.rem >= 0 {
+			// A report of the provider's bucket that gives no rate (it is
+			// full): the rate it last gave stands.
+			k.provider[i] = min(pt, r.rem)
+			if r.burst > 0 {
+				k.burst[i] = r.burst
+			}
+		} else if r.rate > 0 && r.burst > 0 && r.rem >= 0 {
 			// The provider's bucket: its remaining now, never raised by a
 			// report that may be older than what the fleet has spent
 			// since, but seeded anew once the last report has run its time.
@@ -280,7 +287,7 @@ func (l *Local) fraction(k *localKey, now time.Time) float64 {
 // rate is dimension i's refill rate for k at fraction f.
 func (l *Local) rate(k *localKey, i int, f float64) float64 {
 	r := l.dims[i].limit.Rate
-	if _, _, _, ok := k.prov(i); !ok && k.rate != nil && k.rate[i] > 0 {
+	if k.rate != nil && k.rate[i] > 0 {
 		r = min(r, k.rate[i])
 	}
 	return r * f
@@ -290,7 +297,7 @@ func (l *Local) rate(k *localKey, i int, f float64) float64 {
 // is, or a slowed key would gather the burst of its ceiling while idle.
 func (l *Local) burst(k *localKey, i int, f float64) float64 {
 	b := l.dims[i].limit.Burst
-	if _, _, _, ok := k.prov(i); !ok && k.burst != nil && k.burst[i] > 0 {
+	if k.burst != nil && k.burst[i] > 0 {
 		b = min(b, k.burst[i])
 	}
 	return b * f

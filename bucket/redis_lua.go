@@ -81,21 +81,22 @@ local function fraction(span, law)
 end
 
 -- refill reads a dimension's hash: its rate and burst now (the configured
--- ones times f; while a provider's report counts and gave no remaining,
--- lowered to what it reported), its tokens, the time they are as of, its
--- expiry, whether a report counts, and the provider's bucket (its rate,
--- burst and tokens: nil unless a report that counts gave a remaining). A
+-- ones, lowered to what the provider reported while that counts, times f),
+-- its tokens, the time they are as of, its expiry, whether a report counts,
+-- and the provider's bucket (its rate, burst and tokens: nil unless a
+-- report that counts gave a remaining). A
 -- missing hash is full, or on a cold start holds only first, the amount of
 -- the reservation that creates it.
 local function refill(key, rate, burst, f, first)
   local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx', 'p')
   local learnt = s[6] and tonumber(s[6]) > now
   local pr, pb
-  if learnt and s[7] and s[4] and s[5] then
-    pr, pb = tonumber(s[4]) / 1e6, tonumber(s[5]) / 1e6
-  elseif learnt then
+  if learnt then
     if s[4] then rate = math.min(rate, tonumber(s[4]) / 1e6) end
     if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
+    if s[7] and s[4] and s[5] then
+      pr, pb = tonumber(s[4]) / 1e6, tonumber(s[5]) / 1e6
+    end
   end
   rate, burst = rate * f, burst * f
   if not s[1] then
@@ -297,7 +298,13 @@ for i = 1, #KEYS - 1 do
     end
     redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'b', math.floor(rburst * 1e6 + 0.5),
       'rx', now + tonumber(ARGV[o+5]))
-    rate, burst = crate * f, cburst * f
+    rate, burst = math.min(crate, rrate) * f, math.min(cburst, rburst) * f
+  elseif pt and rem >= 0 then
+    -- a report of the provider's bucket that gives no rate (it is full):
+    -- the rate it last gave stands
+    pt = math.min(pt, rem)
+    if rburst > 0 then redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5)) end
+    redis.call('HSET', key, 'rx', now + tonumber(ARGV[o+5]))
   else
     if rem >= 0 then
       if pt then pt = math.min(pt, rem) else tk = math.min(tk, rem) end
