@@ -53,7 +53,8 @@ type Quota struct {
 	// Reset is how long until the quota is whole again (Limit remaining).
 	Reset time.Duration
 	// Window is the length of the window Limit applies to, when the provider
-	// states it (the IETF RateLimit-Policy's w parameter).
+	// states it (the IETF RateLimit-Policy's w parameter) or it is known
+	// (Anthropic's limits are per minute).
 	Window time.Duration
 }
 

@@ -55,7 +55,8 @@ func Read(resp *http.Response) Feedback {
 //     resets written as Go durations ("6m0s", "1.5s", "20ms") or a bare
 //     number of seconds;
 //   - Anthropic: anthropic-ratelimit-{requests,tokens,input-tokens,
-//     output-tokens}-{limit,remaining,reset}, the resets RFC 3339 times;
+//     output-tokens}-{limit,remaining,reset}, the resets RFC 3339 times,
+//     the limits per minute (Window is a minute);
 //   - IETF (draft-ietf-httpapi-ratelimit-headers): RateLimit-Policy and
 //     RateLimit, whose items are matched by name (quota units "requests" and
 //     "tokens"; others are ignored), and the earlier drafts' RateLimit-Limit,
@@ -215,6 +216,13 @@ func (s *quotaSet) anthropic(h http.Header, now time.Time) {
 	for _, k := range anthropicHeaders {
 		q := quotaOf(first(h, k.limit), first(h, k.remaining))
 		q.Reset = until(first(h, k.reset), now)
+		if q.Limit > 0 {
+			// Its limits are per minute, refilled continuously: the rate
+			// is Limit a minute. Read from the reset instead, which comes
+			// in whole seconds, it would be biased down (49 of 50 left
+			// read as 0.588/s, not 0.833/s).
+			q.Window = time.Minute
+		}
 		s.put(k.dim, q)
 	}
 }

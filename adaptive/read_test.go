@@ -162,10 +162,10 @@ func TestParse(t *testing.T) {
 				"anthropic-ratelimit-output-tokens-remaining", "62000",
 				"anthropic-ratelimit-output-tokens-reset", "2026-05-01T11:59:00Z"), // past
 			quotas: map[string]adaptive.Quota{
-				adaptive.Requests:     quota(4000, 3201, 24*time.Second, 0),
-				adaptive.Tokens:       quota(400000, 312000, 1500*time.Millisecond, 0),
-				adaptive.InputTokens:  quota(320000, 250000, 2*time.Second, 0),
-				adaptive.OutputTokens: quota(80000, 62000, 0, 0),
+				adaptive.Requests:     quota(4000, 3201, 24*time.Second, time.Minute),
+				adaptive.Tokens:       quota(400000, 312000, 1500*time.Millisecond, time.Minute),
+				adaptive.InputTokens:  quota(320000, 250000, 2*time.Second, time.Minute),
+				adaptive.OutputTokens: quota(80000, 62000, 0, time.Minute),
 			},
 		},
 		{
@@ -176,7 +176,7 @@ func TestParse(t *testing.T) {
 				"anthropic-ratelimit-tokens-reset", "2026-05-01T12:00:07Z",
 				"anthropic-ratelimit-requests-reset", "tomorrow"),
 			retryAfter: 7 * time.Second,
-			quotas:     map[string]adaptive.Quota{adaptive.Tokens: quota(400000, 0, 7*time.Second, 0)},
+			quotas:     map[string]adaptive.Quota{adaptive.Tokens: quota(400000, 0, 7*time.Second, time.Minute)},
 		},
 		{
 			name:   "Anthropic 529 overloaded",
@@ -539,4 +539,18 @@ func TestParseOpenAIAllocs(t *testing.T) {
 	require.NotEmpty(t, adaptive.Parse(200, h, now).Quotas)
 	assert.LessOrEqual(t, testing.AllocsPerRun(100, func() { adaptive.Parse(200, h, now) }), 2.0,
 		"the map alone")
+}
+
+// TestAnthropicRateIsPerMinute: Anthropic's resets come in whole seconds;
+// the rate read from them was biased down (49 of 50 left, reset in 2 s:
+// 0.5/s). Its limits are per minute: 50 a minute is 0.833/s.
+func TestAnthropicRateIsPerMinute(t *testing.T) {
+	now := time.Date(2026, 5, 1, 12, 0, 0, 300_000_000, time.UTC)
+	fb := adaptive.Parse(200, header(
+		"anthropic-ratelimit-requests-limit", "50",
+		"anthropic-ratelimit-requests-remaining", "49",
+		"anthropic-ratelimit-requests-reset", "2026-05-01T12:00:02Z"), now)
+	r, ok := fb.Quotas[adaptive.Requests].Rate()
+	require.True(t, ok)
+	assert.InDelta(t, 50.0/60, r, 1e-9)
 }

@@ -24,7 +24,10 @@ const (
 	// AnthropicHeaders are anthropic-ratelimit-requests-limit,
 	// anthropic-ratelimit-requests-remaining,
 	// anthropic-ratelimit-requests-reset and the same for tokens, with
-	// resets as RFC 3339 times in UTC, rounded up to the second.
+	// resets as RFC 3339 times in UTC, rounded up to the second. Anthropic's
+	// limits are per minute (a bucket of the limit, refilled over a
+	// minute), and sluice reads them so: give the server limits per minute
+	// with these headers.
 	AnthropicHeaders
 	// IETFHeaders are the RateLimit-Policy and RateLimit fields of
 	// draft-ietf-httpapi-ratelimit-headers, one policy per dimension named
