@@ -81,6 +81,19 @@ func (c *contact) ready(ctx context.Context, f *failover) error {
 	return err
 }
 
+// found records ce, found after the first contact: every call returns it
+// until a contact finds the server right again. If a contact is under way,
+// it will tell.
+func (c *contact) found(ce *ConfigError) {
+	select {
+	case c.lock <- struct{}{}:
+		c.err, c.at = ce, time.Now()
+		c.done.Store(false)
+		<-c.lock
+	default:
+	}
+}
+
 // forEachServer runs fn on every master of a Cluster, or on rdb.
 func (f *failover) forEachServer(ctx context.Context, fn func(context.Context, redis.UniversalClient) error) error {
 	if cc, ok := f.rdb.(*redis.ClusterClient); ok {

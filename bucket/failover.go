@@ -124,6 +124,9 @@ const (
 	// recheckEvery is how often a configuration error is checked again, so
 	// that a fixed server is used without a restart.
 	recheckEvery = 10 * time.Second
+	// defaultPolicyEvery is how often a server's maxmemory-policy is read
+	// again after the first contact: an operator may change it.
+	defaultPolicyEvery = time.Minute
 )
 
 // Fleet membership: every process that uses a failing-open bucket adds
@@ -140,12 +143,13 @@ const (
 
 // redisPolicy is what the options say about Redis failures.
 type redisPolicy struct {
-	failClosed bool
-	timeout    time.Duration // ≤ 0: defaultRedisTimeout
-	breaker    gobreaker.Settings
-	memberID   string // "": processID
-	evictable  bool   // WithEvictionAllowed
-	logger     *slog.Logger
+	failClosed  bool
+	timeout     time.Duration // ≤ 0: defaultRedisTimeout
+	breaker     gobreaker.Settings
+	memberID    string // "": processID
+	evictable   bool   // WithEvictionAllowed
+	logger      *slog.Logger
+	policyEvery time.Duration // ≤ 0: defaultPolicyEvery
 }
 
 // WithFailOpen makes a Redis-backed bucket (Redis, FixedWindow,
@@ -205,8 +209,8 @@ func WithRedisTimeout(d time.Duration) Option {
 
 // WithEvictionAllowed lets a Redis-backed bucket use a server whose
 // maxmemory-policy is not noeviction. By default the first contact checks
-// the policy (INFO memory) and every call fails with a *ConfigError if it
-// is anything else: a server that evicts keys under memory pressure resets
+// the policy (INFO memory), and so does a call every minute after it, and
+// every call fails with a *ConfigError if it is anything else: a server that evicts keys under memory pressure resets
 // buckets to full, and the fleet is admitted many times its limit (sluice's
 // keys have short TTLs, so the volatile-* policies evict them first). Allow
 // it only for a server that will never reach its maxmemory.
@@ -286,9 +290,11 @@ type failover struct {
 	slotsSweep int                  // len(slots) at which passed slots are next forgotten
 	shareMu    sync.Mutex           // held to replace share
 
-	members  atomic.Int64 // the last count; 0 before the first
-	nextBeat atomic.Int64 // Unix ns
-	share    atomic.Pointer[share]
+	members     atomic.Int64 // the last count; 0 before the first
+	nextBeat    atomic.Int64 // Unix ns
+	policyEvery time.Duration
+	nextPolicy  atomic.Int64 // Unix ns; 0 before the first call
+	share       atomic.Pointer[share]
 }
 
 func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
@@ -301,6 +307,9 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 	}
 	if f.timeout <= 0 {
 		f.timeout = defaultRedisTimeout
+	}
+	if f.policyEvery = p.policyEvery; f.policyEvery <= 0 {
+		f.policyEvery = defaultPolicyEvery
 	}
 	s := p.breaker
 	if s.Name == "" {
@@ -544,5 +553,37 @@ func (s *scripted) run(ctx context.Context, script *script, keys []string, args 
 		s.fo.served.Store(true) // a READONLY from now on may be a failover
 	}
 	s.fo.beat(ctx)
+	s.fo.recheck(ctx)
 	return cmd
+}
+
+// recheck reads the servers' maxmemory-policy again, if that is due: an
+// evicting one found is a configuration error from then on, as at first
+// contact. At most one call at a time does it.
+func (f *failover) recheck(ctx context.Context) {
+	if f.evictable {
+		return
+	}
+	now := time.Now().UnixNano()
+	next := f.nextPolicy.Load()
+	if next == 0 {
+		f.nextPolicy.CompareAndSwap(0, now+int64(f.policyEvery))
+		return
+	}
+	if now < next || !f.nextPolicy.CompareAndSwap(next, now+int64(f.policyEvery)) {
+		return
+	}
+	var found *ConfigError
+	_ = f.call(ctx, f.callTimeout(), func(ctx context.Context) error {
+		return f.forEachServer(ctx, func(ctx context.Context, rdb redis.UniversalClient) error {
+			info := rdb.Info(ctx, "memory")
+			if p := infoField(info.Val(), "maxmemory_policy"); info.Err() == nil && p != "" && p != "noeviction" {
+				found = &ConfigError{Addr: f.addr, Err: fmt.Errorf("%w: it is %s", errEviction, p)}
+			}
+			return nil
+		})
+	})
+	if found != nil {
+		f.contact.found(f.logged(found))
+	}
 }

@@ -1,5 +1,7 @@
 package bucket
 
+import "time"
+
 // WithMemberID makes a bucket count in its fleet as id instead of as this
 // process, so that one test process can play several members.
 func WithMemberID(id string) Option {
@@ -18,4 +20,10 @@ func Members(b Bucket) int64 {
 		return b.fo.members.Load()
 	}
 	return 0
+}
+
+// WithPolicyCheckEvery makes a bucket read the servers' maxmemory-policy
+// again every d, not every minute.
+func WithPolicyCheckEvery(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.redis.policyEvery = d })
 }

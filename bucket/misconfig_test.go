@@ -101,6 +101,20 @@ func TestMisconfiguredRedis(t *testing.T) {
 			assert.True(t, r.OK)
 		})
 	}
+	t.Run("maxmemory-policy changed while running", func(t *testing.T) {
+		srv := redistest.Own(t)
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { rdb.Close() })
+		b := bucket.NewRedis(rdb, bucket.PerSecond(1000), bucket.WithLogger(slog.New(slog.DiscardHandler)),
+			bucket.WithPolicyCheckEvery(100*time.Millisecond))
+		_, err := b.Reserve(t.Context(), "k", bucket.N(1), 0)
+		require.NoError(t, err)
+		require.NoError(t, rdb.ConfigSet(t.Context(), "maxmemory-policy", "allkeys-lru").Err())
+		require.Eventually(t, func() bool {
+			_, err := b.Reserve(t.Context(), "k", bucket.N(1), 0)
+			return errors.Is(err, bucket.ErrMisconfigured)
+		}, 5*time.Second, 20*time.Millisecond, "read again")
+	})
 	t.Run("fixed, the server is used without a restart", func(t *testing.T) {
 		srv := redistest.Own(t, "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
