@@ -15,7 +15,8 @@ import (
 // lasts at most span; a reported quota whose reset or window is longer
 // than maxReported is ignored, remaining and all; a reported limit counts
 // only if it is at least minReported, and its rate and burst are floored at
-// Policy.Floor of the configured ones; it holds until its reset (at least
+// Policy.Floor of the configured ones (and kept within what a Limit may
+// be); it holds until its reset (at least
 // one window of the limit), at most span. Every cut recovers within span
 // too, so span is the horizon within which a key forgets all it learnt.
 type adaptation struct {
@@ -81,9 +82,9 @@ func (a *adaptation) report(q adaptive.Quota, l Limit) report {
 		return r
 	}
 	if v, ok := q.Rate(); ok {
-		r.rate = max(v, a.policy.Floor*l.Rate)
+		r.rate = min(max(v, a.policy.Floor*l.Rate, minRate), maxRate)
 	}
-	r.burst = max(q.Limit, a.policy.Floor*l.Burst)
+	r.burst = min(max(q.Limit, a.policy.Floor*l.Burst, minBurst), maxBurst)
 	r.until = min(max(q.Reset, q.Window, a.limit), a.span)
 	return r
 }

@@ -45,6 +45,8 @@ type Reservation struct {
 	// Epoch counts key's rate decreases when the reservation was made; pass
 	// it back in adaptive.Feedback.Epoch so that a throttled response to
 	// this request does not decrease the rate again after a newer decrease.
+	// A reservation that a fail-open share made has the largest uint64 (see
+	// WithFailOpen).
 	Epoch uint64
 }
 

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -132,4 +133,70 @@ func TestReportsReplaceAndExpire(t *testing.T) {
 			assert.Equal(t, time.Second, g, "the last report, run out")
 		})
 	}
+}
+
+// TestShareDebtSettledInFull: the slots a share reserved that are still to
+// come are debited from Redis whole when it is back; the debit's cap of a
+// burst left 90 of 100 queued slots double-booked.
+func TestShareDebtSettledInFull(t *testing.T) {
+	srv := redistest.Own(t)
+	rdb := fastClient(t, srv.Addr)
+	b := bucket.NewRedis(rdb, bucket.PerSecond(10),
+		bucket.WithRedisBreaker(gobreaker.Settings{Timeout: 50 * time.Millisecond}))
+	_, err := b.Reserve(t.Context(), "k", bucket.N(1), 0)
+	require.NoError(t, err)
+	srv.Stop()
+	for range 100 {
+		r, err := b.Reserve(t.Context(), "k", bucket.N(1), bucket.Unlimited)
+		require.NoError(t, err)
+		require.True(t, r.OK)
+	}
+	require.NoError(t, srv.Restart())
+	require.Eventually(t, func() bool {
+		_, err := b.Tokens(t.Context(), "k")
+		return err == nil
+	}, 5*time.Second, 20*time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // the breaker closes
+	_, err = b.Reserve(t.Context(), "k", bucket.N(1), bucket.Unlimited)
+	require.NoError(t, err)
+	tk, err := b.Tokens(t.Context(), "k")
+	require.NoError(t, err)
+	assert.Less(t, tk[bucket.Requests], -50.0, "the share's queue, still to come, is Redis's debt")
+}
+
+// TestReportsAgree: Local and the scripts agree on the provider's bucket
+// after a remaining-only report (Lua forgot the bucket), an idle time (the
+// hash expired before the provider's bucket refilled) and a rate below
+// what the scripts keep (it was stored as 0 and made inf).
+func TestReportsAgree(t *testing.T) {
+	got := map[string][]float64{}
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := t.Context()
+			q := func(q adaptive.Quota) adaptive.Feedback {
+				return adaptive.Feedback{Quotas: map[string]adaptive.Quota{adaptive.Requests: q}}
+			}
+			b := be.new(t, bucket.PerSecond(20))
+			require.NoError(t, b.Observe(ctx, "k", q(adaptive.Quota{Limit: 600, Remaining: 0, Window: time.Minute})))
+			require.NoError(t, b.Observe(ctx, "k", q(adaptive.Quota{Remaining: 500})))
+			got[be.name] = append(got[be.name], be.tokens(t, "k")[bucket.Requests])
+			be.advance(10 * time.Second)
+			_, err := b.Reserve(ctx, "k", bucket.N(20), bucket.Unlimited)
+			require.NoError(t, err)
+			be.advance(time.Second)
+			got[be.name] = append(got[be.name], be.tokens(t, "k")[bucket.Requests])
+
+			slow := be.new(t, bucket.Limit{Rate: 0.1, Burst: 1})
+			require.NoError(t, slow.Observe(ctx, "s", q(adaptive.Quota{Limit: 1, Remaining: 0.99, Reset: 24 * time.Hour})))
+			r, err := slow.Reserve(ctx, "s", bucket.N(1), time.Minute)
+			require.NoError(t, err)
+			got[be.name] = append(got[be.name], max(r.Delay, r.RetryAfter).Seconds())
+		})
+	}
+	t.Log(got)
+	require.Len(t, got["local"], 3)
+	for i := range got["local"] {
+		assert.InDelta(t, got["local"][i], got["miniredis"][i], 0.01, "step %d", i)
+	}
+	assert.Positive(t, got["local"][2], "a wait, not 'retry now'")
 }

@@ -9,6 +9,8 @@ package bucket
 //	r   the rate the provider reported, in millionths per second (optional)
 //	b   the burst the provider reported, in millionths (optional)
 //	rx  until when r and b count, in microseconds (with r or b)
+//	p   the provider's tokens in millionths, as of ts: its bucket, at r up
+//	    to b (with r and b, when a report gave its remaining)
 //
 // and one HASH per key, KEYS[1], for what the adaptive law needs:
 //
@@ -104,6 +106,8 @@ local function refill(key, rate, burst, f, first)
     if cold then tk = math.min(burst, first) end
     return rate, burst, tk, now, 0, false
   end
+  local rx
+  if learnt then rx = tonumber(s[6]) end
   local ts = tonumber(s[2])
   if ts > pausedTo then
     ts = now
@@ -114,15 +118,20 @@ local function refill(key, rate, burst, f, first)
   if pr then
     pt = math.min(pb, (tonumber(s[7]) + el * pr) / 1e6)
   end
-  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt
+  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt, rx
 end
 
 -- store writes tk, and the provider's pt if any, as of at, extending the
--- expiry if needed.
-local function store(key, tk, at, x, rate, burst, pt)
+-- expiry if needed: past the time ours is full again, the provider's
+-- bucket (at pr up to pb) too, and the report (until rx).
+local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx)
   local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
   if pt then
     redis.call('HSET', key, 'p', math.floor(pt * 1e6 + 0.5))
+    full = math.max(full, at + math.ceil((pb - pt) * 1e6 / pr) + 1e6)
+  end
+  if rx then
+    full = math.max(full, rx)
   end
   if full > x then
     x = full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7))
@@ -165,21 +174,21 @@ local f, epoch = fraction(span, law)
 local st, wait = {}, 0
 for i = 1, #KEYS - 1 do
   local amount = tonumber(ARGV[3*i+3])
-  local rate, burst, tk, at, x, _, pr, pb, pt = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
+  local rate, burst, tk, at, x, _, pr, pb, pt, rx = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
   tk = tk - amount
   local w = at - now + deficit(tk, rate)
   if pt then
     pt = pt - amount
     w = math.max(w, at - now + deficit(pt, pr))
   end
-  st[i] = {tk, at, x, rate, burst, pt}
+  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx}
   wait = math.max(wait, w)
 end
 if wait > tonumber(ARGV[1]) then
   wait = -wait
 else
   for i, s in ipairs(st) do
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6])
+    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9])
   end
 end
 if epoch == 0 then
@@ -194,7 +203,7 @@ var adjustScript = newScript(luaCommon + `
 local f = fraction(span, law)
 for i = 1, #KEYS - 1 do
   local key, amount = KEYS[i+1], tonumber(ARGV[3*i+3])
-  local rate, burst, tk, at, x, learnt, pr, pb, pt = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local rate, burst, tk, at, x, learnt, pr, pb, pt, rx = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   tk = math.min(burst, tk - amount)
   if pt then
     pt = math.min(pb, pt - amount)
@@ -203,7 +212,7 @@ for i = 1, #KEYS - 1 do
     tk = math.min(tk, 0) -- paused: empty at its end, or refunds would go out at once
   end
   if tk < burst or at > now or learnt then
-    store(key, tk, at, x, rate, burst, pt)
+    store(key, tk, at, x, rate, burst, pt, pr, pb, rx)
   else
     redis.call('DEL', key)
   end
@@ -277,7 +286,8 @@ for i = 1, #KEYS - 1 do
   local key, o = KEYS[i+1], 6 * i + 6
   local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
   local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
-  local rate, burst, tk, at, x, _, pr, pb, pt = refill(key, crate, cburst, f, 0)
+  local rate, burst, tk, at, x, _, pr, pb, pt, rx = refill(key, crate, cburst, f, 0)
+  local valid = tonumber(ARGV[o+5])
   if pause > 0 and now + pause > at then
     -- empty at the pause's end but for the debt due after it (pauseTokens);
     -- the provider's bucket refills meanwhile
@@ -296,15 +306,19 @@ for i = 1, #KEYS - 1 do
     else
       pt = math.min(rem, rburst)
     end
-    redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'b', math.floor(rburst * 1e6 + 0.5),
-      'rx', now + tonumber(ARGV[o+5]))
+    rx = now + valid
+    redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'b', math.floor(rburst * 1e6 + 0.5), 'rx', rx)
+    pr, pb = rrate, rburst
     rate, burst = math.min(crate, rrate) * f, math.min(cburst, rburst) * f
   elseif pt and rem >= 0 then
     -- a report of the provider's bucket that gives no rate (it is full):
     -- the rate it last gave stands
     pt = math.min(pt, rem)
-    if rburst > 0 then redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5)) end
-    redis.call('HSET', key, 'rx', now + tonumber(ARGV[o+5]))
+    if rburst > 0 then
+      -- a limit: the report's own time (a remaining alone says nothing of it)
+      pb, rx = rburst, now + valid
+      redis.call('HSET', key, 'b', math.floor(rburst * 1e6 + 0.5), 'rx', rx)
+    end
   else
     if rem >= 0 then
       if pt then pt = math.min(pt, rem) else tk = math.min(tk, rem) end
@@ -312,7 +326,8 @@ for i = 1, #KEYS - 1 do
     if rrate > 0 or rburst > 0 then
       -- a report replaces the last: what it does not say no longer counts
       redis.call('HDEL', key, 'r', 'b', 'p')
-      redis.call('HSET', key, 'rx', now + tonumber(ARGV[o+5]))
+      rx = now + valid
+      redis.call('HSET', key, 'rx', rx)
       rate, burst, pt = crate * f, cburst * f, nil
       if rrate > 0 then
         redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5))
@@ -324,7 +339,7 @@ for i = 1, #KEYS - 1 do
       end
     end
   end
-  store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f, pt)
+  store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f, pt, pr, pb, rx)
 end
 -- The time paused does not count toward the threshold's window.
 if paused > 0 and tonumber(redis.call('HGET', KEYS[1], 'c') or 0) > 0 then
