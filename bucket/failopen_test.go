@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -133,35 +132,6 @@ func TestReportsReplaceAndExpire(t *testing.T) {
 			assert.Equal(t, time.Second, g, "the last report, run out")
 		})
 	}
-}
-
-// TestShareDebtSettledInFull: the slots a share reserved that are still to
-// come are debited from Redis whole when it is back; the debit's cap of a
-// burst left 90 of 100 queued slots double-booked.
-func TestShareDebtSettledInFull(t *testing.T) {
-	srv := redistest.Own(t)
-	rdb := fastClient(t, srv.Addr)
-	b := bucket.NewRedis(rdb, bucket.PerSecond(10),
-		bucket.WithRedisBreaker(gobreaker.Settings{Timeout: 50 * time.Millisecond}))
-	_, err := b.Reserve(t.Context(), "k", bucket.N(1), 0)
-	require.NoError(t, err)
-	srv.Stop()
-	for range 100 {
-		r, err := b.Reserve(t.Context(), "k", bucket.N(1), bucket.Unlimited)
-		require.NoError(t, err)
-		require.True(t, r.OK)
-	}
-	require.NoError(t, srv.Restart())
-	require.Eventually(t, func() bool {
-		_, err := b.Tokens(t.Context(), "k")
-		return err == nil
-	}, 5*time.Second, 20*time.Millisecond)
-	time.Sleep(100 * time.Millisecond) // the breaker closes
-	_, err = b.Reserve(t.Context(), "k", bucket.N(1), bucket.Unlimited)
-	require.NoError(t, err)
-	tk, err := b.Tokens(t.Context(), "k")
-	require.NoError(t, err)
-	assert.Less(t, tk[bucket.Requests], -50.0, "the share's queue, still to come, is Redis's debt")
 }
 
 // TestReportsAgree: Local and the scripts agree on the provider's bucket

@@ -166,13 +166,12 @@ type redisPolicy struct {
 //
 // Across an outage the fleet admits at most Burst + Rate·T + Burst/n over
 // any time T, if its size did not change: each outage starts a share bucket
-// empty, each key after the slots this process holds for it on Redis and
-// on the last share (what the fleet had left is not known to one process,
-// and empty never over-admits); what a process admitted on its share is
-// debited from the Redis bucket by the first call on its key that works
-// again: the slots still to come in full, and at most the share's burst of
-// those that came due (Redis refilled while the fleet spent its shares, and
-// both must not be spent); and for a window of the limit after an outage, a key
+// empty, each key after the slots this process holds for it on Redis (what
+// the fleet had left is not known to one process, and empty never
+// over-admits); what a process admitted on its share is debited from the
+// Redis bucket by the first call on its key that works again, at most a
+// burst (Redis refilled while the fleet spent its shares, and both must not
+// be spent); and for a window of the limit after an outage, a key
 // that Redis no longer has (it restarted empty) starts cold, as
 // adaptive.Policy.ColdStart says, not full; and a 429 of a request a share
 // admitted (its Reservation.Epoch says so) pauses the key but counts toward

@@ -56,9 +56,8 @@ func (s *scripted) dimKey(base, dim string) string {
 
 // prepare builds the KEYS and ARGV of a script for the dimensions cost
 // charges: ARGV is head, then param, burst and amount for each key. With
-// reserve, amounts are checked against the limits; else a debit is cut to
-// the burst, unless it is a share's debt (settle).
-func (s *scripted) prepare(key string, cost Cost, reserve, debt bool, head ...any) ([]string, []any, error) {
+// reserve, amounts are checked against the limits.
+func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]string, []any, error) {
 	if key == "" {
 		return nil, nil, ErrInvalidKey
 	}
@@ -77,7 +76,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve, debt bool, head ...an
 			}
 		} else if err := checkDelta(d.name, v); err != nil {
 			return nil, nil, err
-		} else if !debt {
+		} else {
 			v = min(v, d.limit.Burst) // a debit takes at most a burst (see Bucket.Adjust)
 		}
 		if keys == nil {
@@ -100,7 +99,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve, debt bool, head ...an
 // microseconds, negated if it took nothing (a refused wait is always > 0).
 func (s *scripted) reserve(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, error) {
 	head := append([]any{scriptArg(float64(max(maxWait, 0).Microseconds()))}, extra...)
-	keys, args, err := s.prepare(key, cost, true, false, head...)
+	keys, args, err := s.prepare(key, cost, true, head...)
 	if err != nil || len(keys) == 0 {
 		return Reservation{OK: err == nil}, err
 	}
@@ -160,13 +159,12 @@ func reservation(cmd *redis.Cmd) (w int64, epoch uint64, err error) {
 // adjust runs an adjust script, whose ARGV are head, then the triples of
 // prepare.
 func (s *scripted) adjust(ctx context.Context, script *script, key string, delta Cost, head ...any) error {
-	debt := ctx.Value(debtKey{}) != nil
-	keys, args, err := s.prepare(key, delta, false, debt, head...)
+	keys, args, err := s.prepare(key, delta, false, head...)
 	if err != nil || len(keys) == 0 {
 		return err
 	}
 	if err := s.run(ctx, script, keys, args...).Err(); err != nil {
-		if sh := s.fo.fallback(err); sh != nil && !debt {
+		if sh := s.fo.fallback(err); sh != nil {
 			return sh.adjust(ctx, key, delta, !sent(err))
 		}
 		return fmt.Errorf("bucket: redis adjust: %w", err)

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
 
@@ -27,7 +26,7 @@ func (f *failover) fallback(err error) *share {
 	if !errors.As(err, &ue) {
 		return nil
 	}
-	n := shareOf(f.dims, f.members.Load())
+	n := max(f.members.Load(), 1)
 	if f.failing.Load() { // then the share loaded next is this outage's
 		if sh := f.share.Load(); sh != nil && sh.members == n {
 			return sh
@@ -36,42 +35,18 @@ func (f *failover) fallback(err error) *share {
 	f.shareMu.Lock()
 	defer f.shareMu.Unlock()
 	old := f.share.Load()
-	if old != nil && f.failing.Load() && old.members == n {
+	fresh := !f.failing.Load()
+	if old != nil && !fresh && old.members == n {
 		return old // made meanwhile
 	}
-	// A new share starts each key after this process's slots for it, on
-	// Redis and on the last share, and owes what the last one did.
-	start := f.slotOf
-	if old != nil {
-		start = func(key string) time.Time {
-			t := f.slotOf(key)
-			if q := old.local.queueEnd(key); q.After(t) {
-				t = q
-			}
-			return t
-		}
+	if fresh {
+		old = nil // what it owed was settled or is stale
 	}
-	sh := newShare(f.dims, n, append(slices.Clip(f.local), startAfter(start)), old)
+	sh := newShare(f.dims, n, append(slices.Clip(f.local), startAfter(f.slotOf)), old)
 	f.share.Store(sh)
 	f.failing.Store(true) // after the store: who sees it failing finds the new share
 	return sh
 }
-
-// shareOf returns the number of shares a bucket with dims is cut into for
-// members processes: at least 1, and never so many that a share is below
-// the least Limit (each takes the least then).
-func shareOf(dims []dim, members int64) int64 {
-	n := max(members, 1)
-	for _, d := range dims {
-		n = max(1, min(n, int64(d.limit.Rate/minRate), int64(d.limit.Burst/minBurst)))
-	}
-	return n
-}
-
-// debtKey marks the context of a settle's Adjust: the share's debt is
-// debited whole, not cut to a burst, and not taken by the share again if
-// Redis fails meanwhile.
-type debtKey struct{}
 
 // settle debits from the Redis bucket b what this process admitted on its
 // share for key while Redis was unavailable, once Redis serves key again.
@@ -81,7 +56,7 @@ func (f *failover) settle(ctx context.Context, b Bucket, key string) {
 		return
 	}
 	if c := sh.take(key); c != nil {
-		_ = b.Adjust(context.WithValue(ctx, debtKey{}, true), key, c) // at worst lost: the bucket errs toward more
+		_ = b.Adjust(ctx, key, c) // at worst lost: the bucket errs toward more
 	}
 }
 
@@ -123,8 +98,7 @@ func (f *failover) slotOf(key string) time.Time {
 // lost, rather than the call being turned away unsent (the breaker, a
 // contact under way, a refused connection, a server that did not run it)
 // or timing out (a paused server drops what a client that left had sent:
-// owing the call again errs toward the limit), or an error reply (OOM,
-// READONLY: the server did not run it).
+// owing the call again errs toward the limit).
 func sent(err error) bool {
 	var ue *UnavailableError
 	if !errors.As(err, &ue) {
@@ -133,10 +107,6 @@ func sent(err error) bool {
 	var ne net.Error
 	if errors.As(ue.Err, &ne) && ne.Timeout() || errors.Is(ue.Err, context.DeadlineExceeded) {
 		return false
-	}
-	var re redis.Error
-	if errors.As(ue.Err, &re) || errors.Is(ue.Err, redis.ErrClosed) {
-		return false // the server answered, refusing it; or it was never sent
 	}
 	return !errors.Is(ue.Err, gobreaker.ErrOpenState) && !errors.Is(ue.Err, gobreaker.ErrTooManyRequests) &&
 		ue.Err != errContacting && !notRun(ue.Err)
@@ -161,9 +131,14 @@ type share struct {
 	owing atomic.Int64 // len(owed)
 }
 
-// newShare returns the share of a bucket with dims for one of n members
-// (see shareOf), a Local bucket made with opts, owing what old owes.
+// newShare returns the share of a bucket with dims for one of n members,
+// a Local bucket made with opts, owing what old owes. A share is never
+// smaller than a Limit can be: with more members than that allows, each
+// takes the least.
 func newShare(dims []dim, n int64, opts []Option, old *share) *share {
+	for _, d := range dims {
+		n = max(1, min(n, int64(d.limit.Rate/minRate), int64(d.limit.Burst/minBurst)))
+	}
 	part := func(l Limit) Limit { return Limit{Rate: l.Rate / float64(n), Burst: l.Burst / float64(n)} }
 	opts = append(slices.Clip(opts), debitsUpTo(dims))
 	for _, d := range dims { // Requests too, replacing NewLocal's first argument
