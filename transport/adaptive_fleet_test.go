@@ -503,25 +503,15 @@ func runAdaptiveFleet(addr string, sc adaptiveScenario) (adaptiveRun, error) {
 	srv.Reset() // counters and Series from about the start
 	start := time.Now().Add(100 * time.Millisecond)
 	cuts := watchDecreases(ctx, addr, prefix+":{adaptive-fleet}", start)
-	for _, p := range procs {
-		if _, err := fmt.Fprintln(p.stdin, start.UnixNano()); err != nil {
-			return adaptiveRun{}, err
-		}
-		p.stdin.Close()
+	if err := release(procs, start); err != nil {
+		return adaptiveRun{}, err
 	}
 	var run adaptiveRun
 	var last int64
 	for i, p := range procs {
-		out, err := io.ReadAll(p.stdout)
-		if err != nil {
-			return adaptiveRun{}, err
-		}
-		if err := p.cmd.Wait(); err != nil {
-			return adaptiveRun{}, fmt.Errorf("worker %d: %w: %s", i+1, err, p.stderr.String())
-		}
 		var r adaptiveResult
-		if err := json.Unmarshal(out, &r); err != nil {
-			return adaptiveRun{}, fmt.Errorf("worker %d output %q: %w", i+1, out, err)
+		if err := p.report(i, &r); err != nil {
+			return adaptiveRun{}, err
 		}
 		if r.Err != "" {
 			run.errs = append(run.errs, fmt.Sprintf("worker %d: %s", i+1, r.Err))

@@ -193,3 +193,30 @@ func awaitReady(workers []*worker) error {
 	}
 	return nil
 }
+
+// release tells every worker the start time, and closes its stdin.
+func release(workers []*worker, start time.Time) error {
+	for _, w := range workers {
+		if _, err := fmt.Fprintln(w.stdin, start.UnixNano()); err != nil {
+			return err
+		}
+		w.stdin.Close()
+	}
+	return nil
+}
+
+// report waits for worker i (counted from 0) to end and decodes what it
+// reported, as JSON, into r.
+func (w *worker) report(i int, r any) error {
+	out, err := io.ReadAll(w.stdout)
+	if err != nil {
+		return err
+	}
+	if err := w.cmd.Wait(); err != nil {
+		return fmt.Errorf("worker %d: %w: %s", i+1, err, w.stderr.String())
+	}
+	if err := json.Unmarshal(out, r); err != nil {
+		return fmt.Errorf("worker %d output %q: %w", i+1, out, err)
+	}
+	return nil
+}

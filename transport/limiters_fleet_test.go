@@ -339,18 +339,11 @@ func runLimitersFleet(t *testing.T, addr string, sc limitersScenario) *limitersR
 	srv.Reset() // counters and Series from about the start
 	start := time.Now().Add(100 * time.Millisecond)
 	cuts := watchDecreases(ctx, addr, "sluice:{"+key+"}", start)
-	for _, p := range procs {
-		_, err := fmt.Fprintln(p.stdin, start.UnixNano())
-		require.NoError(t, err)
-		p.stdin.Close()
-	}
+	require.NoError(t, release(procs, start))
 	var last int64
 	for i, p := range procs {
-		out, err := io.ReadAll(p.stdout)
-		require.NoError(t, err)
-		require.NoError(t, p.cmd.Wait(), "worker %d: %s", i+1, p.stderr.String())
 		var r limitersResult
-		require.NoError(t, json.Unmarshal(out, &r), "worker %d output %q", i+1, out)
+		require.NoError(t, p.report(i, &r))
 		if r.Err != "" {
 			run.errs = append(run.errs, fmt.Sprintf("worker %d: %s", i+1, r.Err))
 		}

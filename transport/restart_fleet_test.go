@@ -467,25 +467,15 @@ func runRestartFleet(rs *redistest.Server) (restartRun, error) {
 		outageErr = rs.Restart()
 		upAt = time.Since(start)
 	})
-	for _, p := range procs {
-		if _, err := fmt.Fprintln(p.stdin, start.UnixNano()); err != nil {
-			return restartRun{}, err
-		}
-		p.stdin.Close()
+	if err := release(procs, start); err != nil {
+		return restartRun{}, err
 	}
 
 	var last int64
 	for i, p := range procs {
-		out, err := io.ReadAll(p.stdout)
-		if err != nil {
-			return restartRun{}, err
-		}
-		if err := p.cmd.Wait(); err != nil {
-			return restartRun{}, fmt.Errorf("worker %d: %w: %s", i+1, err, p.stderr.String())
-		}
 		var r restartResult
-		if err := json.Unmarshal(out, &r); err != nil {
-			return restartRun{}, fmt.Errorf("worker %d output %q: %w", i+1, out, err)
+		if err := p.report(i, &r); err != nil {
+			return restartRun{}, err
 		}
 		if r.Err != "" {
 			run.errs = append(run.errs, fmt.Sprintf("worker %d: %s", i+1, r.Err))
