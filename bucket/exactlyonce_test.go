@@ -115,3 +115,52 @@ func TestSlowRedisIsNotDown(t *testing.T) {
 	require.NoError(t, err)
 	assert.InDelta(t, 960, tk[bucket.Requests], 40, "40 taken, and a little refilled")
 }
+
+// TestLostReplyOpensNoBreaker: a call whose reply is lost (the proxy closes
+// its connection after Redis ran it) goes to the share bucket alone; the
+// next call goes to Redis, on a new connection. Before, the first lost
+// reply opened the breaker, and the process took its share for 500 ms: with
+// 30% of replies lost, the fleet lived on shares and was admitted up to
+// 1.12 times Burst + Rate·T. A second connection broken before any call
+// works again does open it, as does a call that times out with nothing
+// answered since it began.
+func TestLostReplyOpensNoBreaker(t *testing.T) {
+	srv := redistest.Own(t)
+	proxy := redistest.NewProxy(t, srv.Addr)
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	var opened atomic.Int32
+	b := bucket.NewRedis(rdb, bucket.PerSecond(1000), bucket.WithRedisBreaker(gobreaker.Settings{
+		Timeout: time.Hour, // once open, it stays open for the test
+		OnStateChange: func(_ string, _, to gobreaker.State) {
+			if to == gobreaker.StateOpen {
+				opened.Add(1)
+			}
+		},
+	}))
+	ctx := t.Context()
+	_, err := b.Reserve(ctx, "k", bucket.N(1), 0) // first contact
+	require.NoError(t, err)
+	scripts := func() int64 { return scriptsRun(t, srv.Addr, "") }
+
+	for i := range 3 {
+		proxy.SetDropReplies(1)
+		r, err := b.Reserve(ctx, "k", bucket.N(1), time.Second)
+		require.NoError(t, err, "lost reply %d: taken by the share", i)
+		require.True(t, r.OK)
+		proxy.SetDropReplies(0)
+		before := scripts()
+		_, err = b.Reserve(ctx, "k", bucket.N(1), time.Second)
+		require.NoError(t, err)
+		assert.Greater(t, scripts(), before, "after lost reply %d the next call runs on Redis", i)
+	}
+	assert.Zero(t, opened.Load(), "lost replies alone open no breaker")
+
+	proxy.SetDropReplies(1)
+	for range 2 { // two broken connections in a row
+		_, err := b.Reserve(ctx, "k", bucket.N(1), time.Second)
+		require.NoError(t, err)
+	}
+	proxy.SetDropReplies(0)
+	assert.Equal(t, int32(1), opened.Load(), "a second broken connection with none working between opens it")
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -230,11 +232,12 @@ func WithLogger(l *slog.Logger) Option {
 // WithRedisBreaker sets the circuit breaker that a Redis-backed bucket puts
 // around Redis. Zero fields mean sluice's defaults, not gobreaker's: Name is
 // the key prefix, Timeout (how long the breaker stays open before one call
-// probes Redis) is 500 ms, and ReadyToTrip opens it at the first failure
-// (go-redis has already retried within the call). The breaker is told of
-// Redis failures and of calls Redis answered; a call whose own context
-// ended first counts as neither. OnStateChange is the place to log or count
-// outages.
+// probes Redis) is 500 ms, and ReadyToTrip opens it at the first failure.
+// The breaker is told of Redis failures and of calls Redis answered. A call
+// whose own context ended first counts as neither; nor does one that failed
+// after Redis had answered a call begun later (its reply was lost, its
+// connection reset: Redis works), which alone goes to the share bucket.
+// OnStateChange is the place to log or count outages.
 func WithRedisBreaker(s gobreaker.Settings) Option {
 	return optionFunc(func(c *config) { c.redis.breaker = s })
 }
@@ -281,6 +284,8 @@ type failover struct {
 	contact contact
 
 	latency   atomic.Int64 // of the calls that worked, smoothed, in ns
+	answered  atomic.Int64 // when the last call that worked began, since monoBase, in ns
+	broke     atomic.Bool  // a call's connection broke since the last call that worked
 	served    atomic.Bool  // a script has run
 	readOnly  atomic.Int64 // when READONLY replies began, Unix ns; 0 if not
 	loggedAt  atomic.Int64 // the last configuration error logged, Unix ns
@@ -385,7 +390,7 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 	switch {
 	case err == nil:
 		done(nil)
-		f.worked(time.Since(start))
+		f.worked(start)
 		return nil
 	case callerDone(ctx) != nil:
 		done(errNotRedis)
@@ -407,9 +412,38 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 		done(nil) // Redis answered
 		return err
 	}
-	done(err)
+	if f.isolated(start, err) {
+		done(errNotRedis)
+	} else {
+		done(err)
+	}
 	return &UnavailableError{Addr: f.addr, Err: err}
 }
+
+// isolated reports whether a call begun at start that failed with err, a
+// Redis failure, failed alone: Redis served a call begun after it, or its
+// connection broke (a lost reply, a reset) and no other call has failed so
+// since the last that worked. Such a call goes to the share bucket, but
+// opens no breaker for every other call: its fault was its connection's,
+// not Redis's, and the next call dials afresh (a Redis that is down turns
+// that away, and the breaker opens then).
+func (f *failover) isolated(start time.Time, err error) bool {
+	if f.answered.Load() > int64(start.Sub(monoBase)) {
+		return true
+	}
+	return brokenConn(err) && !f.broke.Swap(true)
+}
+
+// brokenConn reports whether err is a connection's that broke under a call:
+// closed or reset by the other side.
+func brokenConn(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// monoBase is the origin of failover.answered: times since it are read from
+// the monotonic clock.
+var monoBase = time.Now()
 
 // callTimeout is the bound of one call: the configured timeout, stretched
 // to slowFactor times the latency Redis has shown.
@@ -417,11 +451,21 @@ func (f *failover) callTimeout() time.Duration {
 	return min(max(f.timeout, slowFactor*time.Duration(f.latency.Load())), maxRedisTimeout)
 }
 
-// worked records a call that Redis served in d: the latency, smoothed (up
-// at once, down by a sixteenth of the difference per call), and the end of
-// an outage, after which a key that Redis no longer has starts cold for a
-// window of the limit.
-func (f *failover) worked(d time.Duration) {
+// worked records a call begun at start that Redis served: when it began,
+// the latency, smoothed (up at once, down by a sixteenth of the difference
+// per call), and the end of an outage, after which a key that Redis no
+// longer has starts cold for a window of the limit.
+func (f *failover) worked(start time.Time) {
+	d := time.Since(start)
+	for at := int64(start.Sub(monoBase)); ; {
+		old := f.answered.Load()
+		if old >= at || f.answered.CompareAndSwap(old, at) {
+			break
+		}
+	}
+	if f.broke.Load() {
+		f.broke.Store(false)
+	}
 	if old := f.latency.Load(); int64(d) > old {
 		f.latency.Store(int64(d))
 	} else {
