@@ -1,9 +1,12 @@
 package bucket_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -169,4 +172,113 @@ func TestReportsAgree(t *testing.T) {
 		assert.InDelta(t, got["local"][i], got["miniredis"][i], 0.01, "step %d", i)
 	}
 	assert.Positive(t, got["local"][2], "a wait, not 'retry now'")
+}
+
+// redisBack waits until b reaches srv again after a restart, and the
+// breaker (timeout 50 ms) lets calls through.
+func redisBack(t *testing.T, srv *redistest.Server, b bucket.Bucket) {
+	t.Helper()
+	require.NoError(t, srv.Restart())
+	require.Eventually(t, func() bool {
+		_, err := b.Reserve(t.Context(), "probe", bucket.N(1), 0)
+		return err == nil && scriptsRun(t, srv.Addr, "") > 0 // the restarted server ran a script
+	}, 5*time.Second, 20*time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+}
+
+var quickBreaker = bucket.WithRedisBreaker(gobreaker.Settings{Timeout: 50 * time.Millisecond})
+
+// TestShareDebtSettledInFull: the slots a share reserved that are still to
+// come are debited from Redis whole when it is back; a debit's cap of a
+// burst left 90 of 100 queued slots double-booked.
+func TestShareDebtSettledInFull(t *testing.T) {
+	srv := redistest.Own(t)
+	rdb := fastClient(t, srv.Addr)
+	b := bucket.NewRedis(rdb, bucket.PerSecond(10), quickBreaker)
+	_, err := b.Reserve(t.Context(), "k", bucket.N(1), 0)
+	require.NoError(t, err)
+	srv.Stop()
+	for range 100 {
+		r, err := b.Reserve(t.Context(), "k", bucket.N(1), bucket.Unlimited)
+		require.NoError(t, err)
+		require.True(t, r.OK)
+	}
+	redisBack(t, srv, b)
+	_, err = b.Reserve(t.Context(), "k", bucket.N(1), bucket.Unlimited) // settles
+	require.NoError(t, err)
+	tk, err := b.Tokens(t.Context(), "k")
+	require.NoError(t, err)
+	assert.Less(t, tk[bucket.Requests], -80.0, "the share's queue, still to come, is Redis's debt")
+}
+
+// TestFlappingRedisHandsNoTimeOutTwice: a share made after Redis came back
+// and failed again starts each key after the last share's queue, and owes
+// what that one did not settle. Before, each new share started after the
+// slots on Redis only: the second outage's share handed out again the time
+// the first one had queued.
+func TestFlappingRedisHandsNoTimeOutTwice(t *testing.T) {
+	srv := redistest.Own(t)
+	rdb := fastClient(t, srv.Addr)
+	b := bucket.NewRedis(rdb, bucket.PerSecond(10), quickBreaker)
+	ctx := t.Context()
+	_, err := b.Reserve(ctx, "warm", bucket.N(1), 0)
+	require.NoError(t, err)
+	srv.Stop()
+	var last time.Duration
+	for range 30 { // 3 s of queue on the first share
+		r, err := b.Reserve(ctx, "k", bucket.N(1), bucket.Unlimited)
+		require.NoError(t, err)
+		last = r.Delay
+	}
+	require.Greater(t, last, 2*time.Second)
+	start := time.Now()
+	redisBack(t, srv, b) // "k" is not called: nothing settles it
+	srv.Stop()
+	r, err := b.Reserve(ctx, "k", bucket.N(1), bucket.Unlimited)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, r.Delay+time.Since(start), last,
+		"the second share starts after the first one's queue")
+}
+
+// TestWindowBucketsSettleTheirShares: a window bucket that failed open
+// settles its share's debt once Redis is back; it had no way to, and the
+// first call that worked panicked on a nil Bucket.
+func TestWindowBucketsSettleTheirShares(t *testing.T) {
+	for name, mk := range map[string]func(rdb redis.UniversalClient) bucket.Bucket{
+		"FixedWindow": func(rdb redis.UniversalClient) bucket.Bucket {
+			return bucket.NewFixedWindow(rdb, bucket.PerMinute(600), quickBreaker)
+		},
+		"SlidingLog": func(rdb redis.UniversalClient) bucket.Bucket {
+			return bucket.NewSlidingLog(rdb, bucket.PerMinute(600), quickBreaker)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := redistest.Own(t)
+			b := mk(fastClient(t, srv.Addr))
+			ctx := t.Context()
+			_, err := b.Reserve(ctx, "warm", bucket.N(1), 0)
+			require.NoError(t, err)
+			srv.Stop()
+			for range 5 {
+				r, err := b.Reserve(ctx, "k", bucket.N(1), bucket.Unlimited)
+				require.NoError(t, err)
+				require.True(t, r.OK)
+			}
+			redisBack(t, srv, b)
+			require.NotPanics(t, func() {
+				_, err = b.Reserve(ctx, "k", bucket.N(1), 0)
+			})
+			require.NoError(t, err)
+			tk, err := tokensOf(ctx, b, "k")
+			require.NoError(t, err)
+			assert.InDelta(t, 600-6, tk[bucket.Requests], 0.5, "the share's 5, and this one")
+		})
+	}
+}
+
+// tokensOf is the Tokens of a Redis-backed bucket.
+func tokensOf(ctx context.Context, b bucket.Bucket, key string) (bucket.Cost, error) {
+	return b.(interface {
+		Tokens(context.Context, string) (bucket.Cost, error)
+	}).Tokens(ctx, key)
 }

@@ -168,12 +168,13 @@ type redisPolicy struct {
 //
 // Across an outage the fleet admits at most Burst + Rate·T + Burst/n over
 // any time T, if its size did not change: each outage starts a share bucket
-// empty, each key after the slots this process holds for it on Redis (what
-// the fleet had left is not known to one process, and empty never
-// over-admits); what a process admitted on its share is debited from the
-// Redis bucket by the first call on its key that works again, at most a
-// burst (Redis refilled while the fleet spent its shares, and both must not
-// be spent); and for a window of the limit after an outage, a key
+// empty, each key after the slots this process holds for it on Redis and on
+// the last outage's share (what the fleet had left is not known to one
+// process, and empty never over-admits); what a process admitted on its
+// share is debited from the Redis bucket by the first call on its key that
+// works again: every slot still to come, and at most a burst of those past
+// (Redis refilled while the fleet spent its shares, and both must not be
+// spent); and for a window of the limit after an outage, a key
 // that Redis no longer has (it restarted empty) starts cold, as
 // adaptive.Policy.ColdStart says, not full; and a 429 of a request a share
 // admitted (its Reservation.Epoch says so) pauses the key but counts toward
@@ -285,7 +286,6 @@ type failover struct {
 
 	latency   atomic.Int64 // of the calls that worked, smoothed, in ns
 	answered  atomic.Int64 // when the last call that worked began, since monoBase, in ns
-	broke     atomic.Bool  // a call's connection broke since the last call that worked
 	served    atomic.Bool  // a script has run
 	readOnly  atomic.Int64 // when READONLY replies began, Unix ns; 0 if not
 	loggedAt  atomic.Int64 // the last configuration error logged, Unix ns
@@ -422,17 +422,23 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 
 // isolated reports whether a call begun at start that failed with err, a
 // Redis failure, failed alone: Redis served a call begun after it, or its
-// connection broke (a lost reply, a reset) and no other call has failed so
-// since the last that worked. Such a call goes to the share bucket, but
-// opens no breaker for every other call: its fault was its connection's,
-// not Redis's, and the next call dials afresh (a Redis that is down turns
-// that away, and the breaker opens then).
+// connection broke (a lost reply, a reset) within a second of a call that
+// worked. Such a call goes to the share bucket, but opens no breaker for
+// every other call: its fault was its connection's, not Redis's, and the
+// next call dials afresh (a Redis that is down turns that away, and the
+// breaker opens then; one whose connections all break opens it a second
+// after its last call that worked).
 func (f *failover) isolated(start time.Time, err error) bool {
-	if f.answered.Load() > int64(start.Sub(monoBase)) {
+	last := f.answered.Load()
+	if last > int64(start.Sub(monoBase)) {
 		return true
 	}
-	return brokenConn(err) && !f.broke.Swap(true)
+	return brokenConn(err) && int64(time.Since(monoBase))-last < int64(isolatedFor)
 }
+
+// isolatedFor is how long after a call that worked a broken connection is
+// taken for that connection's fault alone.
+const isolatedFor = time.Second
 
 // brokenConn reports whether err is a connection's that broke under a call:
 // closed or reset by the other side.
@@ -462,9 +468,6 @@ func (f *failover) worked(start time.Time) {
 		if old >= at || f.answered.CompareAndSwap(old, at) {
 			break
 		}
-	}
-	if f.broke.Load() {
-		f.broke.Store(false)
 	}
 	if old := f.latency.Load(); int64(d) > old {
 		f.latency.Store(int64(d))

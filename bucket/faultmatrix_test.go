@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -225,6 +227,8 @@ type matrixResult struct {
 	SlowestWait           time.Duration // a whole bucket.Wait
 	SlowestReserve        time.Duration // its call to the bucket
 	Members               int64         // the fleet size the bucket knew at the end
+	OnShare               int           // admissions a fail-open share made
+	Opened                int           // times the breaker opened
 	Errors                map[string]int
 	Warmup                string // the warmup's error, if any
 }
@@ -269,7 +273,14 @@ func matrixWork(spec matrixSpec) matrixResult {
 	rdb := redis.NewClient(&redis.Options{Addr: spec.Addr, Password: spec.Password,
 		ContextTimeoutEnabled: true, PoolSize: spec.Goroutines + 2})
 	defer rdb.Close()
-	opts := []bucket.Option{bucket.WithPrefix(spec.Prefix)}
+	var opened atomic.Int32
+	opts := []bucket.Option{bucket.WithPrefix(spec.Prefix), bucket.WithRedisBreaker(gobreaker.Settings{
+		OnStateChange: func(_ string, _, to gobreaker.State) {
+			if to == gobreaker.StateOpen {
+				opened.Add(1)
+			}
+		},
+	})}
 	if spec.FailClosed {
 		opts = append(opts, bucket.WithFailClosed())
 	}
@@ -296,7 +307,7 @@ func matrixWork(spec matrixSpec) matrixResult {
 			errs := map[string]int{}
 			for time.Now().Before(end) {
 				start := time.Now()
-				_, err := bucket.Wait(ctx, b, spec.Key, bucket.N(1))
+				rv, err := bucket.Wait(ctx, b, spec.Key, bucket.N(1))
 				now := time.Now()
 				r.Calls++
 				r.SlowestWait = max(r.SlowestWait, now.Sub(start))
@@ -310,6 +321,9 @@ func matrixWork(spec matrixSpec) matrixResult {
 					continue
 				}
 				r.Admitted++
+				if rv.Epoch == math.MaxUint64 {
+					r.OnShare++
+				}
 				if r.FirstAdmit.IsZero() {
 					r.FirstAdmit = now
 				}
@@ -325,6 +339,7 @@ func matrixWork(spec matrixSpec) matrixResult {
 	}
 	wg.Wait()
 	res.SlowestReserve = time.Duration(b.slowest.Load())
+	res.Opened = int(opened.Load())
 	res.Members = bucket.Members(rb)
 	return res
 }
@@ -335,6 +350,8 @@ func (res *matrixResult) add(r matrixResult) {
 	res.Admitted += r.Admitted
 	res.Lost += r.Lost
 	res.Unavailable += r.Unavailable
+	res.OnShare += r.OnShare
+	res.Opened += r.Opened
 	if !r.FirstAdmit.IsZero() && (res.FirstAdmit.IsZero() || r.FirstAdmit.Before(res.FirstAdmit)) {
 		res.FirstAdmit = r.FirstAdmit
 	}
@@ -561,6 +578,9 @@ func matrixTableLine(l matrixLine) string {
 	}
 	if l.dropped > 0 {
 		notes = append(notes, fmt.Sprintf("%d replies dropped", l.dropped))
+	}
+	if r.OnShare > 0 || r.Opened > 0 {
+		notes = append(notes, fmt.Sprintf("%d admitted on shares, breakers opened %d times", r.OnShare, r.Opened))
 	}
 	notes = append(notes, l.notes...)
 	ratio := 0.0

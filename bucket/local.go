@@ -303,6 +303,28 @@ func (l *Local) burst(k *localKey, i int, f float64) float64 {
 	return b * f
 }
 
+// queueEnd returns when the last slot reserved on key comes due, the time
+// its deepest debt is repaid; the zero time if it has no debt.
+func (l *Local) queueEnd(key string) time.Time {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k, ok := l.keys[key]
+	if !ok {
+		return time.Time{}
+	}
+	var end time.Time
+	f := l.fraction(k, now)
+	for i := range l.dims {
+		if k.tokens[i] < 0 {
+			if t := k.last.Add(ceilDuration(-k.tokens[i] / l.rate(k, i, f))); t.After(end) {
+				end = t
+			}
+		}
+	}
+	return end
+}
+
 // Tokens returns the tokens key has now in each dimension; negative amounts
 // are debt owed to reservations.
 func (l *Local) Tokens(key string) Cost {

@@ -29,7 +29,9 @@ var _ Bucket = (*Redis)(nil)
 func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r := &Redis{scripted: newScripted(rdb, limit, opts, "", func(l Limit) any { return scriptArg(l.Rate) })}
 	r.state = true
-	r.self = r
+	r.debit = func(ctx context.Context, key string, c Cost) error {
+		return r.adjustWith(ctx, adjustScript, key, c, true, smallAmounts[0], r.span, r.flags())
+	}
 	r.adapt = newAdaptation(r.policy, r.dims)
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	return r

@@ -25,7 +25,9 @@ type scripted struct {
 	state  bool   // the scripts' KEYS[1] is the key's adaptive state
 	policy adaptive.Policy
 	fo     *failover
-	self   Bucket // the backend, for the debts of failing open
+	// debit debits a share's debt (see failover.settle) with the backend's
+	// adjust script, whole.
+	debit func(ctx context.Context, key string, c Cost) error
 }
 
 func newScripted(rdb redis.UniversalClient, limit Limit, opts []Option, suffix string, param func(Limit) any) scripted {
@@ -56,8 +58,9 @@ func (s *scripted) dimKey(base, dim string) string {
 
 // prepare builds the KEYS and ARGV of a script for the dimensions cost
 // charges: ARGV is head, then param, burst and amount for each key. With
-// reserve, amounts are checked against the limits.
-func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]string, []any, error) {
+// reserve, amounts are checked against the limits; else a debit is cut to a
+// burst, unless whole.
+func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...any) ([]string, []any, error) {
 	if key == "" {
 		return nil, nil, ErrInvalidKey
 	}
@@ -76,7 +79,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]
 			}
 		} else if err := checkDelta(d.name, v); err != nil {
 			return nil, nil, err
-		} else {
+		} else if !whole {
 			v = min(v, d.limit.Burst) // a debit takes at most a burst (see Bucket.Adjust)
 		}
 		if keys == nil {
@@ -99,7 +102,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve bool, head ...any) ([]
 // microseconds, negated if it took nothing (a refused wait is always > 0).
 func (s *scripted) reserve(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, error) {
 	head := append([]any{scriptArg(float64(max(maxWait, 0).Microseconds()))}, extra...)
-	keys, args, err := s.prepare(key, cost, true, head...)
+	keys, args, err := s.prepare(key, cost, true, false, head...)
 	if err != nil || len(keys) == 0 {
 		return Reservation{OK: err == nil}, err
 	}
@@ -118,7 +121,7 @@ func (s *scripted) reserve(ctx context.Context, script *script, key string, cost
 	if w > 0 {
 		s.fo.slot(key, s.fo.clock.Now().Add(micros(w)))
 	}
-	s.fo.settle(ctx, s.self, key)
+	s.fo.settle(ctx, s.debit, key)
 	if w < 0 {
 		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil
 	}
@@ -159,15 +162,29 @@ func reservation(cmd *redis.Cmd) (w int64, epoch uint64, err error) {
 // adjust runs an adjust script, whose ARGV are head, then the triples of
 // prepare.
 func (s *scripted) adjust(ctx context.Context, script *script, key string, delta Cost, head ...any) error {
-	keys, args, err := s.prepare(key, delta, false, head...)
+	return s.adjustWith(ctx, script, key, delta, false, head...)
+}
+
+// adjustWith is adjust, of a share's debt (see failover.settle) if debt: a
+// debit whole, not cut to a burst, and owed again, not charged to the share
+// again, if Redis fails before it runs.
+func (s *scripted) adjustWith(ctx context.Context, script *script, key string, delta Cost, debt bool, head ...any) error {
+	keys, args, err := s.prepare(key, delta, false, debt, head...)
 	if err != nil || len(keys) == 0 {
 		return err
 	}
 	if err := s.run(ctx, script, keys, args...).Err(); err != nil {
-		if sh := s.fo.fallback(err); sh != nil {
-			return sh.adjust(ctx, key, delta, !sent(err))
+		sh := s.fo.fallback(err)
+		switch {
+		case sh == nil:
+			return fmt.Errorf("bucket: redis adjust: %w", err)
+		case debt:
+			if !sent(err) {
+				sh.owe(key, delta)
+			}
+			return nil
 		}
-		return fmt.Errorf("bucket: redis adjust: %w", err)
+		return sh.adjust(ctx, key, delta, !sent(err))
 	}
 	return nil
 }

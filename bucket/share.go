@@ -35,28 +35,37 @@ func (f *failover) fallback(err error) *share {
 	f.shareMu.Lock()
 	defer f.shareMu.Unlock()
 	old := f.share.Load()
-	fresh := !f.failing.Load()
-	if old != nil && !fresh && old.members == n {
+	if old != nil && f.failing.Load() && old.members == n {
 		return old // made meanwhile
 	}
-	if fresh {
-		old = nil // what it owed was settled or is stale
+	// A new share starts each key after this process's slots for it, on
+	// Redis and on the last share (a flapping Redis must not hand the
+	// same time out twice), and owes what the last one did not settle.
+	start := f.slotOf
+	if old != nil {
+		start = func(key string) time.Time {
+			t := f.slotOf(key)
+			if q := old.local.queueEnd(key); q.After(t) {
+				t = q
+			}
+			return t
+		}
 	}
-	sh := newShare(f.dims, n, append(slices.Clip(f.local), startAfter(f.slotOf)), old)
+	sh := newShare(f.dims, n, append(slices.Clip(f.local), startAfter(start)), old)
 	f.share.Store(sh)
 	f.failing.Store(true) // after the store: who sees it failing finds the new share
 	return sh
 }
 
-// settle debits from the Redis bucket b what this process admitted on its
+// settle debits from Redis, with debit, what this process admitted on its
 // share for key while Redis was unavailable, once Redis serves key again.
-func (f *failover) settle(ctx context.Context, b Bucket, key string) {
+func (f *failover) settle(ctx context.Context, debit func(context.Context, string, Cost) error, key string) {
 	sh := f.share.Load()
 	if sh == nil || sh.owing.Load() == 0 {
 		return
 	}
 	if c := sh.take(key); c != nil {
-		_ = b.Adjust(ctx, key, c) // at worst lost: the bucket errs toward more
+		_ = debit(ctx, key, c) // owed again if it could not run; lost if the caller's context ended
 	}
 }
 
@@ -114,9 +123,9 @@ func sent(err error) bool {
 
 // share is this process's share of a bucket's limits, when the fleet has
 // members processes. It starts each key empty, and after the last slot this
-// process holds on Redis for it: what the fleet had left when Redis failed
-// is not known to one process, an empty bucket never over-admits, and the
-// slots the fleet reserved on Redis are spent whatever becomes of Redis. It
+// process holds for it on Redis and on the last share: what the fleet had
+// left when Redis failed is not known to one process, an empty bucket never
+// over-admits, and slots reserved go out whatever becomes of Redis. It
 // records what it admits for each key, the debt to settle with Redis once
 // it is back: what has come due (at most its burst: Redis refills no more
 // while it is away) and every slot still to come; but not a call that ran
@@ -125,6 +134,7 @@ func sent(err error) bool {
 type share struct {
 	members int64
 	local   *Local
+	prev    *Local // the last share's, whose queue this one starts after
 
 	mu    sync.Mutex
 	owed  map[string]Cost
@@ -146,6 +156,7 @@ func newShare(dims []dim, n int64, opts []Option, old *share) *share {
 	}
 	s := &share{members: n, local: NewLocal(part(dims[0].limit), opts...), owed: map[string]Cost{}}
 	if old != nil {
+		s.prev = old.local
 		old.mu.Lock()
 		maps.Copy(s.owed, old.owed)
 		old.mu.Unlock()
@@ -254,9 +265,13 @@ func (s *share) take(key string) Cost {
 		return nil
 	}
 	tokens := s.local.Tokens(key)
+	var prev Cost
+	if s.prev != nil {
+		prev = s.prev.Tokens(key)
+	}
 	var c Cost
 	for _, d := range s.local.dims {
-		debt := max(-tokens[d.name], 0)
+		debt := max(-tokens[d.name], 0) + max(-prev[d.name], 0)
 		if v := min(debt, o[d.name]) + min(max(o[d.name]-debt, 0), d.limit.Burst); v > 0 {
 			if c == nil {
 				c = make(Cost, len(s.local.dims))

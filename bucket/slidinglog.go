@@ -47,10 +47,14 @@ var _ Bucket = (*SlidingLog)(nil)
 func NewSlidingLog(rdb redis.UniversalClient, limit Limit, opts ...Option) *SlidingLog {
 	var b [9]byte
 	rand.Read(b[:]) // never returns an error
-	return &SlidingLog{
+	s := &SlidingLog{
 		scripted: newScripted(rdb, limit, opts, ":log", windowParam),
 		idPrefix: base64.RawURLEncoding.EncodeToString(b[:]) + ".",
 	}
+	s.debit = func(ctx context.Context, key string, c Cost) error {
+		return s.adjustWith(ctx, slidingAdjustScript, key, c, true, s.nextID())
+	}
+	return s
 }
 
 // Reserve implements Bucket with one call to Redis (or none, if cost

@@ -181,13 +181,15 @@ func TestWaitCancelledRefunds(t *testing.T) {
 // TestLocalConservation: goroutines hammering one Local key are admitted
 // no more than Burst + Rate*T.
 func TestLocalConservation(t *testing.T) {
-	lim := bucket.Limit{Rate: 2000, Burst: 50}
+	// A burst of 250 ms of the rate: a loaded machine may leave the key
+	// uncalled that long and lose nothing, so 95% holds under load.
+	lim := bucket.Limit{Rate: 200, Burst: 50}
 	b := bucket.NewLocal(lim)
 	ctx := context.Background()
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
-	end := start.Add(500 * time.Millisecond)
+	end := start.Add(time.Second)
 	for range 16 {
 		wg.Go(func() {
 			for time.Now().Before(end) {
