@@ -236,8 +236,9 @@ func WithLogger(l *slog.Logger) Option {
 // probes Redis) is 500 ms, and ReadyToTrip opens it at the first failure.
 // The breaker is told of Redis failures and of calls Redis answered. A call
 // whose own context ended first counts as neither; nor does one that failed
-// after Redis had answered a call begun later (its reply was lost, its
-// connection reset: Redis works), which alone goes to the share bucket.
+// alone (see failover.isolated: Redis answered a call begun later, or its
+// connection broke within a second of a call that worked), which goes to
+// the share bucket by itself.
 // OnStateChange is the place to log or count outages.
 func WithRedisBreaker(s gobreaker.Settings) Option {
 	return optionFunc(func(c *config) { c.redis.breaker = s })
