@@ -19,6 +19,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicehq/sluice/adaptive"
 )
 
 // ErrUnavailable is matched by every *UnavailableError.
@@ -184,14 +186,14 @@ type redisPolicy struct {
 // owed. A window bucket (FixedWindow, SlidingLog) falls back to a token
 // bucket of the same shape, and after a restart starts its windows afresh.
 func WithFailOpen() Option {
-	return optionFunc(func(c *config) { c.redis.failClosed = false })
+	return option{"WithFailOpen", forStored, func(c *config) { c.redis.failClosed = false }}
 }
 
 // WithFailClosed makes a Redis-backed bucket fail every call with an
 // *UnavailableError (errors.Is ErrUnavailable) while Redis is unavailable,
 // taking nothing: the caller decides what to do.
 func WithFailClosed() Option {
-	return optionFunc(func(c *config) { c.redis.failClosed = true })
+	return option{"WithFailClosed", forStored, func(c *config) { c.redis.failClosed = true }}
 }
 
 // WithRedisTimeout bounds each call a Redis-backed bucket makes to Redis to
@@ -209,7 +211,7 @@ func WithFailClosed() Option {
 // client's ReadTimeout (3 s by default). Set ContextTimeoutEnabled, or
 // ReadTimeout and WriteTimeout no longer than d.
 func WithRedisTimeout(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.redis.timeout = d })
+	return option{"WithRedisTimeout", forStored, func(c *config) { c.redis.timeout = d }}
 }
 
 // WithEvictionAllowed lets a Redis-backed bucket use a server whose
@@ -220,14 +222,14 @@ func WithRedisTimeout(d time.Duration) Option {
 // keys have short TTLs, so the volatile-* policies evict them first). Allow
 // it only for a server that will never reach its maxmemory.
 func WithEvictionAllowed() Option {
-	return optionFunc(func(c *config) { c.redis.evictable = true })
+	return option{"WithEvictionAllowed", forStored, func(c *config) { c.redis.evictable = true }}
 }
 
 // WithLogger sets where a Redis-backed bucket logs its configuration errors
 // (at error level, at most every 10 s) and what its first contact could not
 // check (at warn level); slog.Default() by default.
 func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(c *config) { c.redis.logger = l })
+	return option{"WithLogger", forStored, func(c *config) { c.redis.logger = l }}
 }
 
 // WithRedisBreaker sets the circuit breaker that a Redis-backed bucket puts
@@ -241,7 +243,7 @@ func WithLogger(l *slog.Logger) Option {
 // the share bucket by itself.
 // OnStateChange is the place to log or count outages.
 func WithRedisBreaker(s gobreaker.Settings) Option {
-	return optionFunc(func(c *config) { c.redis.breaker = s })
+	return option{"WithRedisBreaker", forStored, func(c *config) { c.redis.breaker = s }}
 }
 
 // processID names this process in the fleet's membership sets.
@@ -277,7 +279,7 @@ type failover struct {
 	cb        *gobreaker.TwoStepCircuitBreaker[struct{}]
 	dims      []dim
 	clock     Clock
-	local     []Option      // the share bucket's, besides its limits
+	policy    adaptive.Policy // the share bucket's
 	window    time.Duration // the limit's: how long a key starts cold after an outage
 
 	beatKeys []string
@@ -309,7 +311,7 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 	p := c.redis
 	f := &failover{rdb: rdb, addr: clientAddr(rdb), open: !p.failClosed, timeout: p.timeout,
 		evictable: p.evictable, log: p.logger, dims: dims, clock: c.clock, contact: newContact(),
-		local: []Option{WithClock(c.clock), WithPolicy(c.policy)}}
+		policy: c.policy}
 	for _, d := range dims {
 		f.window = max(f.window, ceilDuration(d.limit.Burst/d.limit.Rate))
 	}

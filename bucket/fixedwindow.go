@@ -42,7 +42,7 @@ var _ Bucket = (*FixedWindow)(nil)
 // makes no call to Redis. It panics with a *LimitError if a limit is
 // invalid.
 func NewFixedWindow(rdb redis.UniversalClient, limit Limit, opts ...Option) *FixedWindow {
-	f := &FixedWindow{newScripted(rdb, limit, opts, ":window", windowParam)}
+	f := &FixedWindow{newScripted(rdb, forWindow, "NewFixedWindow", limit, opts, ":window", windowParam)}
 	f.debit = func(ctx context.Context, key string, c Cost) error {
 		return f.adjustWith(ctx, fixedAdjustScript, key, c, true)
 	}

@@ -60,12 +60,22 @@ var _ Bucket = (*Local)(nil)
 // each dimension given WithLimit to its own. It panics with a *LimitError if
 // a limit is invalid.
 func NewLocal(limit Limit, opts ...Option) *Local {
-	c, dims := newConfig(limit, opts)
-	maxDebit := make([]float64, len(dims))
-	for i, d := range dims {
-		maxDebit[i] = max(d.limit.Burst, c.maxDebit[d.name])
+	c, dims := newConfig(forLocal, "NewLocal", limit, opts)
+	return newLocal(dims, c.clock, c.policy, nil, nil)
+}
+
+// newLocal returns a Local bucket with dims, reading clk, adapting by
+// policy. With start, each key starts empty, not before start(key) (a
+// share, share.go); with maxDebit, an Adjust debits up to it, by dimension,
+// rather than the dimension's burst.
+func newLocal(dims []dim, clk Clock, policy adaptive.Policy, start func(string) time.Time, maxDebit []float64) *Local {
+	if maxDebit == nil {
+		maxDebit = make([]float64, len(dims))
+		for i, d := range dims {
+			maxDebit[i] = d.limit.Burst
+		}
 	}
-	return &Local{dims: dims, clock: c.clock, adapt: newAdaptation(c.policy, dims), start: c.start, maxDebit: maxDebit,
+	return &Local{dims: dims, clock: clk, adapt: newAdaptation(policy, dims), start: start, maxDebit: maxDebit,
 		keys: make(map[string]*localKey), sweepAt: minSweep}
 }
 

@@ -1,29 +1,66 @@
 package bucket
 
 import (
-	"github.com/sluicehq/sluice/adaptive"
-
 	"sort"
+	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/adaptive"
 )
 
-// Option configures a bucket at construction.
+// Option configures a bucket at construction. Each option says which
+// constructors take it; given to another, it makes that one panic rather
+// than be ignored.
 type Option interface{ apply(*config) }
 
-type optionFunc func(*config)
+// backends is a set of the constructors an option is for.
+type backends uint8
 
-func (f optionFunc) apply(c *config) { f(c) }
+const (
+	forLocal  backends = 1 << iota // NewLocal
+	forRedis                       // NewRedis
+	forWindow                      // NewFixedWindow, NewSlidingLog
+	forStored = forRedis | forWindow
+	forAll    = forLocal | forStored
+)
+
+// names are the constructors in b, for errors.
+func (b backends) names() string {
+	var n []string
+	for _, x := range []struct {
+		b    backends
+		name string
+	}{{forLocal, "NewLocal"}, {forRedis, "NewRedis"}, {forWindow, "NewFixedWindow, NewSlidingLog"}} {
+		if b&x.b != 0 {
+			n = append(n, x.name)
+		}
+	}
+	return strings.Join(n, ", ")
+}
+
+// option is an Option for the constructors in its set.
+type option struct {
+	name string
+	set  backends
+	f    func(*config)
+}
+
+func (o option) apply(c *config) {
+	if o.set&c.backend == 0 {
+		c.refused = append(c.refused, o.name+" (an option of "+o.set.names()+")")
+		return
+	}
+	o.f(c)
+}
 
 type config struct {
-	limits map[string]Limit
-	clock  Clock
-	prefix string
-	policy adaptive.Policy
-	redis  redisPolicy // failover.go
-	// Local, as a share (share.go): keys start empty, not before start(key);
-	// debits go up to maxDebit, by dimension
-	start    func(key string) time.Time
-	maxDebit map[string]float64
+	backend backends // the one being made
+	refused []string // options not for it
+	limits  map[string]Limit
+	clock   Clock
+	prefix  string
+	policy  adaptive.Policy
+	redis   redisPolicy // failover.go
 }
 
 // Clock tells the time. The Local backend reads it; Redis backends use the
@@ -38,51 +75,57 @@ func (systemClock) Now() time.Time { return time.Now() }
 // WithLimit limits dimension dim as well. The Limit given to the
 // constructor is the Requests dimension's; WithLimit(Requests, l) replaces it.
 func WithLimit(dim string, l Limit) Option {
-	return optionFunc(func(c *config) { c.limits[dim] = l })
+	return option{"WithLimit", forAll, func(c *config) { c.limits[dim] = l }}
 }
 
 // WithClock makes the Local backend, and the fallback of a Redis-backed one,
 // read time from clk (nil: the system clock). Tests use it to control
 // refills.
 func WithClock(clk Clock) Option {
-	return optionFunc(func(c *config) {
+	return option{"WithClock", forAll, func(c *config) {
 		if clk != nil {
 			c.clock = clk
 		}
-	})
+	}}
 }
 
-// WithPrefix sets the first part of the Redis keys, "sluice" by default:
-// keys are <prefix>:{<key>}:<dimension>.
+// WithPrefix sets the first part of a Redis-backed bucket's keys, "sluice"
+// by default: keys are <prefix>:{<key>}:<dimension>.
 func WithPrefix(p string) Option {
-	return optionFunc(func(c *config) {
+	return option{"WithPrefix", forStored, func(c *config) {
 		if p != "" {
 			c.prefix = p
 		}
-	})
+	}}
 }
 
-// WithPolicy sets the law by which a token bucket adapts its rate to
-// throttled responses (Observe); adaptive.DefaultPolicy by default. It
-// panics with an error wrapping adaptive.ErrInvalidPolicy if p is invalid.
+// WithPolicy sets the law by which a token bucket (Local, Redis) adapts its
+// rate to throttled responses (Observe); adaptive.DefaultPolicy by default.
+// The window buckets do not adapt, and do not take it. It panics with an
+// error wrapping adaptive.ErrInvalidPolicy if p is invalid.
 func WithPolicy(p adaptive.Policy) Option {
-	return optionFunc(func(c *config) {
+	return option{"WithPolicy", forLocal | forRedis, func(c *config) {
 		if err := p.Validate(); err != nil {
 			panic(err)
 		}
 		c.policy = p.WithDefaults()
-	})
+	}}
 }
 
-// newConfig applies opts over the defaults and validates the limits. It
-// panics with a *LimitError on an invalid limit: limits are program
-// configuration; check ones that come from input with Limit.Validate first.
-func newConfig(requests Limit, opts []Option) (config, []dim) {
-	c := config{limits: map[string]Limit{Requests: requests}, clock: systemClock{}, prefix: "sluice", policy: adaptive.DefaultPolicy()}
+// newConfig applies opts over the defaults for backend, made by the
+// constructor named ctor, and validates the limits. It panics with a
+// *LimitError on an invalid limit (limits are program configuration; check
+// ones that come from input with Limit.Validate first), and if an option is
+// not for backend.
+func newConfig(backend backends, ctor string, requests Limit, opts []Option) (config, []dim) {
+	c := config{backend: backend, limits: map[string]Limit{Requests: requests}, clock: systemClock{}, prefix: "sluice", policy: adaptive.DefaultPolicy()}
 	for _, o := range opts {
 		if o != nil {
 			o.apply(&c)
 		}
+	}
+	if len(c.refused) > 0 {
+		panic("bucket: " + ctor + " does not take " + strings.Join(c.refused, ", "))
 	}
 	dims := make([]dim, 0, len(c.limits))
 	for name, l := range c.limits {

@@ -27,7 +27,7 @@ var _ Bucket = (*Redis)(nil)
 // each dimension given WithLimit to its own. It makes no call to Redis. It
 // panics with a *LimitError if a limit is invalid.
 func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
-	r := &Redis{scripted: newScripted(rdb, limit, opts, "", func(l Limit) any { return scriptArg(l.Rate) })}
+	r := &Redis{scripted: newScripted(rdb, forRedis, "NewRedis", limit, opts, "", func(l Limit) any { return scriptArg(l.Rate) })}
 	r.state = true
 	r.debit = func(ctx context.Context, key string, c Cost) error {
 		return r.adjustWith(ctx, adjustScript, key, c, true, smallAmounts[0], r.span, r.flags())

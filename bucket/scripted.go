@@ -30,8 +30,8 @@ type scripted struct {
 	debit func(ctx context.Context, key string, c Cost) error
 }
 
-func newScripted(rdb redis.UniversalClient, limit Limit, opts []Option, suffix string, param func(Limit) any) scripted {
-	c, dims := newConfig(limit, opts)
+func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit Limit, opts []Option, suffix string, param func(Limit) any) scripted {
+	c, dims := newConfig(backend, ctor, limit, opts)
 	if strings.ContainsAny(c.prefix, "{}") {
 		panic(fmt.Sprintf("bucket: prefix %q holds a brace: it would choose the Cluster hash slot", c.prefix))
 	}

@@ -6,12 +6,13 @@ import (
 	"maps"
 	"math"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+
+	"github.com/sluicehq/sluice/adaptive"
 )
 
 // fallback returns the share bucket that takes a call which failed with
@@ -51,7 +52,7 @@ func (f *failover) fallback(err error) *share {
 			return t
 		}
 	}
-	sh := newShare(f.dims, n, append(slices.Clip(f.local), startAfter(start)), old)
+	sh := newShare(f.dims, n, f.clock, f.policy, start, old)
 	f.share.Store(sh)
 	f.failing.Store(true) // after the store: who sees it failing finds the new share
 	return sh
@@ -141,20 +142,24 @@ type share struct {
 	owing atomic.Int64 // len(owed)
 }
 
-// newShare returns the share of a bucket with dims for one of n members,
-// a Local bucket made with opts, owing what old owes. A share is never
-// smaller than a Limit can be: with more members than that allows, each
-// takes the least.
-func newShare(dims []dim, n int64, opts []Option, old *share) *share {
+// newShare returns the share of a bucket with dims for one of n members: a
+// Local bucket reading clk, adapting by policy, whose keys start empty, not
+// before start(key), and whose debits go up to the bucket's bursts (a
+// share's debt is the bucket's); owing what old did not settle. A share is
+// never smaller than a Limit can be: with more members than that allows,
+// each takes the least.
+func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func(string) time.Time, old *share) *share {
 	for _, d := range dims {
 		n = max(1, min(n, int64(d.limit.Rate/minRate), int64(d.limit.Burst/minBurst)))
 	}
-	part := func(l Limit) Limit { return Limit{Rate: l.Rate / float64(n), Burst: l.Burst / float64(n)} }
-	opts = append(slices.Clip(opts), debitsUpTo(dims))
-	for _, d := range dims { // Requests too, replacing NewLocal's first argument
-		opts = append(opts, WithLimit(d.name, part(d.limit)))
+	parts := make([]dim, len(dims))
+	bursts := make([]float64, len(dims))
+	for i, d := range dims {
+		l := Limit{Rate: d.limit.Rate / float64(n), Burst: d.limit.Burst / float64(n)}
+		parts[i] = dim{name: d.name, limit: l, burst: scriptArg(l.Burst)}
+		bursts[i] = d.limit.Burst
 	}
-	s := &share{members: n, local: NewLocal(part(dims[0].limit), opts...), owed: map[string]Cost{}}
+	s := &share{members: n, local: newLocal(parts, clk, policy, start, bursts), owed: map[string]Cost{}}
 	if old != nil {
 		s.prev = old.local
 		old.mu.Lock()
@@ -163,23 +168,6 @@ func newShare(dims []dim, n int64, opts []Option, old *share) *share {
 		s.owing.Store(int64(len(s.owed)))
 	}
 	return s
-}
-
-// startAfter makes a Local bucket start each key empty, not before
-// start(key).
-func startAfter(start func(key string) time.Time) Option {
-	return optionFunc(func(c *config) { c.start = start })
-}
-
-// debitsUpTo makes a Local bucket take debits of up to the bursts of dims,
-// not its own: a share's debit is the bucket's.
-func debitsUpTo(dims []dim) Option {
-	return optionFunc(func(c *config) {
-		c.maxDebit = make(map[string]float64, len(dims))
-		for _, d := range dims {
-			c.maxDebit[d.name] = d.limit.Burst
-		}
-	})
 }
 
 // reserve is Reserve on the share bucket. An amount larger than the share's

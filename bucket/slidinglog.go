@@ -48,7 +48,7 @@ func NewSlidingLog(rdb redis.UniversalClient, limit Limit, opts ...Option) *Slid
 	var b [9]byte
 	rand.Read(b[:]) // never returns an error
 	s := &SlidingLog{
-		scripted: newScripted(rdb, limit, opts, ":log", windowParam),
+		scripted: newScripted(rdb, forWindow, "NewSlidingLog", limit, opts, ":log", windowParam),
 		idPrefix: base64.RawURLEncoding.EncodeToString(b[:]) + ".",
 	}
 	s.debit = func(ctx context.Context, key string, c Cost) error {
