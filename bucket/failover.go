@@ -280,7 +280,7 @@ type failover struct {
 	dims      []dim
 	clock     Clock
 	policy    adaptive.Policy // the share bucket's
-	window    time.Duration // the limit's: how long a key starts cold after an outage
+	window    time.Duration   // the limit's: how long a key starts cold after an outage
 
 	beatKeys []string
 	beatArgs []any
