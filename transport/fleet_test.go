@@ -2,7 +2,6 @@ package transport_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-retryablehttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -120,7 +118,7 @@ func fleetWorker() int {
 // one Redis bucket at the server's own limit. All succeed, the server
 // rejects almost none, and the makespan is within 5% of the ideal. The same
 // workload through go-retryablehttp's default client is measured for
-// comparison.
+// comparison in the compat module (TestFleetRetryablehttp).
 func TestFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the fleet test takes about 30s")
@@ -177,45 +175,4 @@ func TestFleet(t *testing.T) {
 	assert.Equal(t, fleetCalls, total.OK, "every call succeeds")
 	assert.LessOrEqual(t, st.Rejected, int64(3), "the server rejects at most 3")
 	assert.InDelta(t, ideal.Seconds(), makespan.Seconds(), 0.05*ideal.Seconds(), "makespan within 5%% of the ideal")
-
-	// The same workload through go-retryablehttp's default client (its
-	// logger silenced), 32 goroutines in this process.
-	srv2 := llmtest.NewServer(llmtest.Config{Requests: llmtest.TokenBucket(fleetRate, time.Second, fleetRate), RetryAfterMs: true})
-	defer srv2.Close()
-	rc := retryablehttp.NewClient()
-	rc.Logger = nil
-	defer rc.HTTPClient.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var (
-		ok, failed atomic.Int64
-		next       atomic.Int64
-		wg         sync.WaitGroup
-	)
-	start2 := time.Now()
-	for range fleetProcs * fleetGoroutines {
-		wg.Go(func() {
-			for next.Add(1) <= fleetCalls {
-				req, _ := retryablehttp.NewRequestWithContext(ctx, "GET", srv2.URL+"/ping", nil)
-				resp, err := rc.Do(req)
-				if err != nil {
-					failed.Add(1)
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					ok.Add(1)
-				} else {
-					failed.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	makespan2 := time.Since(start2)
-	st2 := srv2.Stats()
-	t.Logf("go-retryablehttp default client (%d goroutines): %d/%d calls succeeded, %d failed; server saw %d requests, %d rejected with 429; makespan %.2fs (ideal %.2fs, %+.1f%%)",
-		fleetProcs*fleetGoroutines, ok.Load(), fleetCalls, failed.Load(), st2.Accepted+st2.Rejected, st2.Rejected,
-		makespan2.Seconds(), ideal.Seconds(), 100*(makespan2.Seconds()/ideal.Seconds()-1))
 }
