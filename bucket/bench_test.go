@@ -6,23 +6,22 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/time/rate"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// The benchmarks compare each backend with its peer in one run, at 1, 8 and
-// 64 goroutines, on one hot key that always admits (the write path):
+// The benchmarks measure each backend at 1, 8 and 64 goroutines, on one
+// hot key that always admits (the write path):
 //
 //	go test -run '^$' -bench . -benchtime 2s ./bucket
 //
-// Redis Reserve against go-redis/redis_rate AllowN and a trivial EVALSHA
-// (the round-trip floor); Local Reserve against x/time/rate ReserveN.
+// Redis Reserve, over one and two dimensions, against a trivial EVALSHA
+// (the round-trip floor); Local Reserve. The same against go-redis/redis_rate
+// and x/time/rate, in one run, are in the compat module's bucket
+// directory.
 
 var goroutineCounts = []int{1, 8, 64}
 
@@ -74,15 +73,6 @@ func BenchmarkRedis(b *testing.B) {
 				}
 			})
 		})
-		b.Run("redis_rate_AllowN/"+gs, func(b *testing.B) {
-			lim := redis_rate.NewLimiter(rdb)
-			l := redis_rate.Limit{Rate: 1e6, Burst: 1e6, Period: time.Second}
-			parallel(b, g, func() {
-				if _, err := lim.AllowN(ctx, "bench", l, 1); err != nil {
-					b.Error(err)
-				}
-			})
-		})
 		b.Run("EVALSHA_return_1/"+gs, func(b *testing.B) {
 			keys := []string{"bench-trivial"}
 			parallel(b, g, func() {
@@ -104,14 +94,6 @@ func BenchmarkLocal(b *testing.B) {
 			parallel(b, g, func() {
 				if _, err := bk.Reserve(ctx, "bench", cost, 0); err != nil {
 					b.Error(err)
-				}
-			})
-		})
-		b.Run("x_time_rate_ReserveN/"+gs, func(b *testing.B) {
-			lim := rate.NewLimiter(1e6, 1e6)
-			parallel(b, g, func() {
-				if !lim.ReserveN(time.Now(), 1).OK() {
-					b.Error("not OK")
 				}
 			})
 		})

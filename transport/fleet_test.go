@@ -2,12 +2,10 @@ package transport_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strconv"
@@ -16,11 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-retryablehttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/fakeapi"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/llmclient/llmtest"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -121,7 +118,7 @@ func fleetWorker() int {
 // one Redis bucket at the server's own limit. All succeed, the server
 // rejects almost none, and the makespan is within 5% of the ideal. The same
 // workload through go-retryablehttp's default client is measured for
-// comparison.
+// comparison in the compat module (TestFleetRetryablehttp).
 func TestFleet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the fleet test takes about 30s")
@@ -129,8 +126,7 @@ func TestFleet(t *testing.T) {
 	addr := redistest.Addr(t)
 	ideal := time.Duration(float64(fleetCalls-fleetRate) / fleetRate * float64(time.Second)) // burst, then the rate
 
-	lim := fakeapi.NewLimiter(fleetRate, fleetRate, nil)
-	srv := httptest.NewServer(lim)
+	srv := llmtest.NewServer(llmtest.Config{Requests: llmtest.TokenBucket(fleetRate, time.Second, fleetRate), RetryAfterMs: true})
 	defer srv.Close()
 	start := time.Now().Add(1500 * time.Millisecond)
 	key := fmt.Sprintf("transport-fleet-%d", time.Now().UnixNano())
@@ -149,7 +145,7 @@ func TestFleet(t *testing.T) {
 		p.cmd.Env = append(os.Environ(),
 			fleetWorkerEnv+"="+strconv.Itoa(i+1),
 			fleetRedisEnv+"="+addr,
-			fleetURLEnv+"="+srv.URL+"/v1/chat/completions",
+			fleetURLEnv+"="+srv.URL+"/ping",
 			fleetKeyEnv+"="+key,
 			fleetStartEnv+"="+strconv.FormatInt(start.UnixNano(), 10),
 			fleetCallsEnv+"="+strconv.Itoa(calls),
@@ -171,54 +167,12 @@ func TestFleet(t *testing.T) {
 		total.Throttled += r.Throttled
 		total.Last = max(total.Last, r.Last)
 	}
-	st := lim.Stats()
+	st := srv.Stats()
 	makespan := time.Unix(0, total.Last).Sub(start)
 	t.Logf("sluice (%d processes x %d goroutines, Redis bucket %d/s): %d/%d calls succeeded (%d other status, %d errors); server saw %d requests, %d rejected with 429; makespan %.2fs (ideal %.2fs, %+.1f%%)",
 		fleetProcs, fleetGoroutines, fleetRate, total.OK, fleetCalls, total.NotOK, total.Failed,
-		st.Requests, st.Rejected, makespan.Seconds(), ideal.Seconds(), 100*(makespan.Seconds()/ideal.Seconds()-1))
+		st.Accepted+st.Rejected, st.Rejected, makespan.Seconds(), ideal.Seconds(), 100*(makespan.Seconds()/ideal.Seconds()-1))
 	assert.Equal(t, fleetCalls, total.OK, "every call succeeds")
 	assert.LessOrEqual(t, st.Rejected, int64(3), "the server rejects at most 3")
 	assert.InDelta(t, ideal.Seconds(), makespan.Seconds(), 0.05*ideal.Seconds(), "makespan within 5%% of the ideal")
-
-	// The same workload through go-retryablehttp's default client (its
-	// logger silenced), 32 goroutines in this process.
-	lim2 := fakeapi.NewLimiter(fleetRate, fleetRate, nil)
-	srv2 := httptest.NewServer(lim2)
-	defer srv2.Close()
-	rc := retryablehttp.NewClient()
-	rc.Logger = nil
-	defer rc.HTTPClient.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	var (
-		ok, failed atomic.Int64
-		next       atomic.Int64
-		wg         sync.WaitGroup
-	)
-	start2 := time.Now()
-	for range fleetProcs * fleetGoroutines {
-		wg.Go(func() {
-			for next.Add(1) <= fleetCalls {
-				req, _ := retryablehttp.NewRequestWithContext(ctx, "GET", srv2.URL+"/v1/chat/completions", nil)
-				resp, err := rc.Do(req)
-				if err != nil {
-					failed.Add(1)
-					continue
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					ok.Add(1)
-				} else {
-					failed.Add(1)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	makespan2 := time.Since(start2)
-	st2 := lim2.Stats()
-	t.Logf("go-retryablehttp default client (%d goroutines): %d/%d calls succeeded, %d failed; server saw %d requests, %d rejected with 429; makespan %.2fs (ideal %.2fs, %+.1f%%)",
-		fleetProcs*fleetGoroutines, ok.Load(), fleetCalls, failed.Load(), st2.Requests, st2.Rejected,
-		makespan2.Seconds(), ideal.Seconds(), 100*(makespan2.Seconds()/ideal.Seconds()-1))
 }

@@ -1,16 +1,11 @@
 package transport_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -152,71 +147,4 @@ func status(code int, hdr ...string) step {
 		}
 	}
 	return s
-}
-
-// worker is this test binary started again as a fleet worker process: it
-// reads its configuration from an environment variable, says "ready" on
-// stdout, waits for the start time on stdin, and reports on stdout.
-type worker struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	stdout *bufio.Reader
-	stderr strings.Builder
-}
-
-// startWorker starts a worker with cfg, as JSON, in env; ctx kills it.
-func startWorker(ctx context.Context, env string, cfg any) (*worker, error) {
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		return nil, err
-	}
-	w := &worker{cmd: exec.CommandContext(ctx, os.Args[0], "-test.run=^$")}
-	w.cmd.Env = append(os.Environ(), env+"="+string(b))
-	w.cmd.Stderr = &w.stderr
-	if w.stdin, err = w.cmd.StdinPipe(); err != nil {
-		return nil, err
-	}
-	out, err := w.cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	w.stdout = bufio.NewReader(out)
-	return w, w.cmd.Start()
-}
-
-// awaitReady waits for every worker's "ready".
-func awaitReady(workers []*worker) error {
-	for i, w := range workers {
-		if line, err := w.stdout.ReadString('\n'); err != nil || line != "ready\n" {
-			return fmt.Errorf("worker %d not ready: %q %v: %s", i+1, line, err, w.stderr.String())
-		}
-	}
-	return nil
-}
-
-// release tells every worker the start time, and closes its stdin.
-func release(workers []*worker, start time.Time) error {
-	for _, w := range workers {
-		if _, err := fmt.Fprintln(w.stdin, start.UnixNano()); err != nil {
-			return err
-		}
-		w.stdin.Close()
-	}
-	return nil
-}
-
-// report waits for worker i (counted from 0) to end and decodes what it
-// reported, as JSON, into r.
-func (w *worker) report(i int, r any) error {
-	out, err := io.ReadAll(w.stdout)
-	if err != nil {
-		return err
-	}
-	if err := w.cmd.Wait(); err != nil {
-		return fmt.Errorf("worker %d: %w: %s", i+1, err, w.stderr.String())
-	}
-	if err := json.Unmarshal(out, r); err != nil {
-		return fmt.Errorf("worker %d output %q: %w", i+1, out, err)
-	}
-	return nil
 }

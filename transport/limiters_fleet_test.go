@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/fleettest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/llmclient/llmtest"
 	"github.com/sluicehq/sluice/transport"
@@ -316,11 +317,11 @@ func runLimitersFleet(t *testing.T, addr string, sc limitersScenario) *limitersR
 
 	ctx, cancel := context.WithTimeout(context.Background(), limitersCutoff+30*time.Second)
 	defer cancel()
-	var procs []*worker
+	var procs []*fleettest.Worker
 	defer func() {
 		cancel() // kills the workers still running
 		for _, p := range procs {
-			p.cmd.Wait() // a no-op once waited for
+			p.Wait() // a no-op once waited for
 		}
 	}()
 	key := fmt.Sprintf("limiters-%s-%d", sc.name(), time.Now().UnixNano())
@@ -330,20 +331,20 @@ func runLimitersFleet(t *testing.T, addr string, sc limitersScenario) *limitersR
 		if i == 0 {
 			calls += limitersCalls - share*limitersProcs
 		}
-		p, err := startWorker(ctx, limitersWorkerEnv, limitersWorkerConfig{Redis: addr, Key: key, URL: url,
+		p, err := fleettest.Start(ctx, limitersWorkerEnv, limitersWorkerConfig{Redis: addr, Key: key, URL: url,
 			Calls: calls, Goroutines: limitersGoroutines, Rate: sc.rate})
 		require.NoError(t, err)
 		procs = append(procs, p)
 	}
-	require.NoError(t, awaitReady(procs))
+	require.NoError(t, fleettest.AwaitReady(procs))
 	srv.Reset() // counters and Series from about the start
 	start := time.Now().Add(100 * time.Millisecond)
-	cuts := watchDecreases(ctx, addr, "sluice:{"+key+"}", start)
-	require.NoError(t, release(procs, start))
+	cuts := fleettest.WatchDecreases(ctx, addr, "sluice:{"+key+"}", start)
+	require.NoError(t, fleettest.Release(procs, start))
 	var last int64
 	for i, p := range procs {
 		var r limitersResult
-		require.NoError(t, p.report(i, &r))
+		require.NoError(t, p.Report(i, &r))
 		if r.Err != "" {
 			run.errs = append(run.errs, fmt.Sprintf("worker %d: %s", i+1, r.Err))
 		}

@@ -13,9 +13,6 @@ func TestMain(m *testing.M) {
 	if os.Getenv(fleetWorkerEnv) != "" {
 		os.Exit(fleetWorker())
 	}
-	if os.Getenv(adaptiveWorkerEnv) != "" { // TestAdaptiveFleet's
-		os.Exit(adaptiveWorker())
-	}
 	if os.Getenv(restartWorkerEnv) != "" { // TestFleetRedisRestart's
 		os.Exit(restartWorker())
 	}

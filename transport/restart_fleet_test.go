@@ -24,6 +24,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/fleettest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/llmclient/llmtest"
 	"github.com/sluicehq/sluice/transport"
@@ -403,13 +404,13 @@ func runRestartFleet(rs *redistest.Server) (restartRun, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var (
-		procs  []*worker
+		procs  []*fleettest.Worker
 		outage sync.WaitGroup // the goroutine that stops and restarts Redis
 	)
 	defer func() {
 		cancel() // kills the workers still running, and ends the outage
 		for _, p := range procs {
-			p.cmd.Wait() // a no-op once waited for
+			p.Wait() // a no-op once waited for
 		}
 		outage.Wait()
 	}()
@@ -419,13 +420,13 @@ func runRestartFleet(rs *redistest.Server) (restartRun, error) {
 		if i == 0 {
 			calls += restartCalls - share*restartProcs
 		}
-		p, err := startWorker(ctx, restartWorkerEnv, restartWorkerConfig{Index: i + 1, Redis: rs.Addr, URL: srv.URL + "/v1/ping", Calls: calls})
+		p, err := fleettest.Start(ctx, restartWorkerEnv, restartWorkerConfig{Index: i + 1, Redis: rs.Addr, URL: srv.URL + "/v1/ping", Calls: calls})
 		if err != nil {
 			return restartRun{}, err
 		}
 		procs = append(procs, p)
 	}
-	if err := awaitReady(procs); err != nil {
+	if err := fleettest.AwaitReady(procs); err != nil {
 		return restartRun{}, err
 	}
 
@@ -467,14 +468,14 @@ func runRestartFleet(rs *redistest.Server) (restartRun, error) {
 		outageErr = rs.Restart()
 		upAt = time.Since(start)
 	})
-	if err := release(procs, start); err != nil {
+	if err := fleettest.Release(procs, start); err != nil {
 		return restartRun{}, err
 	}
 
 	var last int64
 	for i, p := range procs {
 		var r restartResult
-		if err := p.report(i, &r); err != nil {
+		if err := p.Report(i, &r); err != nil {
 			return restartRun{}, err
 		}
 		if r.Err != "" {
@@ -488,7 +489,7 @@ func runRestartFleet(rs *redistest.Server) (restartRun, error) {
 		last = max(last, r.Last)
 		run.slots = append(run.slots, r.Slots...)
 		run.events = append(run.events, r.Events...)
-		run.stderr = append(run.stderr, p.stderr.String())
+		run.stderr = append(run.stderr, p.Stderr())
 	}
 	outage.Wait()
 	if outageErr != nil {

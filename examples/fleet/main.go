@@ -69,7 +69,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/demo"
+	"github.com/sluicehq/sluice/examples/internal/demo"
 )
 
 // workerEnv, when set, makes the process a worker; its value is the worker's

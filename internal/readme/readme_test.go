@@ -1,10 +1,13 @@
-// Package readme tests the README's first program.
+// Package readme tests the README: its first program builds, and its test
+// command covers every module of the workspace.
 package readme
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -53,5 +56,58 @@ func TestFirstProgramBuilds(t *testing.T) {
 	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOSUMDB=off", "GOWORK=off")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("the README's first program does not build: %v\n%s", err, out)
+	}
+}
+
+// TestTestCommandCoversEveryModule checks that the README's test command,
+// the first line of its first shell block that starts "go test", names the
+// packages of every module of the workspace: in workspace mode ./... stops
+// at the directory of another module, as it does in module mode.
+func TestTestCommandCoversEveryModule(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "```sh\n")
+	if !ok {
+		t.Fatal("README: no shell block")
+	}
+	block, _, _ := strings.Cut(rest, "```")
+	var patterns []string
+	for line := range strings.Lines(block) {
+		if strings.HasPrefix(line, "go test ") {
+			command, _, _ := strings.Cut(line, "#")
+			patterns = strings.Fields(command)[2:]
+			break
+		}
+	}
+	if patterns == nil {
+		t.Fatal("README: no go test command in the first shell block")
+	}
+	cmd := exec.Command("go", "work", "edit", "-json")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go work edit -json: %v", err)
+	}
+	var work struct{ Use []struct{ DiskPath string } }
+	if err := json.Unmarshal(out, &work); err != nil {
+		t.Fatal(err)
+	}
+	if len(work.Use) == 0 {
+		t.Fatal("go.work uses no module")
+	}
+	for _, u := range work.Use {
+		want := "./" + filepath.ToSlash(filepath.Clean(u.DiskPath)) + "/..."
+		if u.DiskPath == "." {
+			want = "./..."
+		}
+		if !slices.Contains(patterns, want) {
+			t.Errorf("the README's test command %q does not name %s, the packages of the module in %s", patterns, want, u.DiskPath)
+		}
 	}
 }

@@ -13,14 +13,15 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/fakeapi"
+	"github.com/sluicehq/sluice/llmclient/llmtest"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // openaiServer is a fake OpenAI API that answers its first throttle
-// requests with 429 and the rest with fakeapi.Chat, recording requests.
+// requests with 429 and the rest with an llmtest.Handler, recording
+// requests.
 type openaiServer struct {
 	*httptest.Server
 	mu       sync.Mutex
@@ -29,9 +30,9 @@ type openaiServer struct {
 	auth     []string
 }
 
-func newOpenAIServer(throttle int, reply string) *openaiServer {
+func newOpenAIServer(throttle int) *openaiServer {
 	s := &openaiServer{throttle: throttle}
-	chat := fakeapi.Chat{Reply: reply}
+	chat := llmtest.NewHandler(llmtest.Config{ReplyTokens: replyTokens})
 	s.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		s.mu.Lock()
@@ -82,13 +83,19 @@ var chatParams = openai.ChatCompletionNewParams{
 	Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say hello")},
 }
 
+// replyTokens is the length of the fake API's replies: reply, in tokens
+// of 4 characters.
+const (
+	replyTokens = 5
+	reply       = "Lorem ipsum dolor si"
+)
+
 func TestOpenAIClient(t *testing.T) {
-	const reply = "Hello there, from the fake API."
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
 	t.Run("429 retried", func(t *testing.T) {
-		s := newOpenAIServer(1, reply)
+		s := newOpenAIServer(1)
 		defer s.Close()
 		client := newOpenAI(s)
 		res, err := client.Chat.Completions.New(ctx, chatParams)
@@ -102,18 +109,19 @@ func TestOpenAIClient(t *testing.T) {
 		assert.Equal(t, []string{"Bearer sk-test-key", "Bearer sk-test-key"}, auth)
 	})
 	t.Run("completion", func(t *testing.T) {
-		s := newOpenAIServer(0, reply)
+		s := newOpenAIServer(0)
 		defer s.Close()
 		client := newOpenAI(s)
 		res, err := client.Chat.Completions.New(ctx, chatParams)
 		require.NoError(t, err)
 		assert.Equal(t, reply, res.Choices[0].Message.Content)
-		assert.Equal(t, int64(5+len(strings.Fields(reply))), res.Usage.TotalTokens)
+		prompt := llmtest.PromptTokens(llmtest.ChatRequest{Messages: []llmtest.Message{{Role: "user", Content: "Say hello"}}})
+		assert.EqualValues(t, prompt+replyTokens, res.Usage.TotalTokens)
 		bodies, _ := s.requests()
 		assert.Len(t, bodies, 1)
 	})
 	t.Run("streamed completion", func(t *testing.T) {
-		s := newOpenAIServer(1, reply)
+		s := newOpenAIServer(1)
 		defer s.Close()
 		client := newOpenAI(s)
 		stream := client.Chat.Completions.NewStreaming(ctx, chatParams)
@@ -129,7 +137,7 @@ func TestOpenAIClient(t *testing.T) {
 		require.NoError(t, stream.Err())
 		require.NoError(t, stream.Close())
 		assert.Equal(t, reply, got.String())
-		assert.Equal(t, len(strings.Fields(reply))+2, chunks)
+		assert.Equal(t, replyTokens+2, chunks, "the role, a chunk per token, the finish")
 		bodies, _ := s.requests()
 		require.Len(t, bodies, 2, "a 429, then the stream")
 		assert.Contains(t, bodies[1], `"stream":true`)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/fleettest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/llmclient/llmtest"
 	"github.com/sluicehq/sluice/transport"
@@ -473,11 +474,11 @@ func runAdaptiveFleet(addr string, sc adaptiveScenario) (adaptiveRun, error) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	var procs []*worker
+	var procs []*fleettest.Worker
 	defer func() {
 		cancel() // kills the workers still running
 		for _, p := range procs {
-			p.cmd.Wait() // a no-op once waited for
+			p.Wait() // a no-op once waited for
 		}
 	}()
 	prefix := fmt.Sprintf("sluice-adaptive-%s-%d", sc.name, time.Now().UnixNano())
@@ -487,7 +488,7 @@ func runAdaptiveFleet(addr string, sc adaptiveScenario) (adaptiveRun, error) {
 		if i == 0 {
 			calls += adaptiveCalls - share*adaptiveProcs
 		}
-		p, err := startWorker(ctx, adaptiveWorkerEnv, adaptiveWorkerConfig{
+		p, err := fleettest.Start(ctx, adaptiveWorkerEnv, adaptiveWorkerConfig{
 			Mode: sc.mode, Redis: addr, Prefix: prefix, URL: srv.URL + "/ping",
 			Calls: calls, Goroutines: adaptiveGoroutines, Fleet: adaptiveProcs * adaptiveGoroutines,
 			Ceiling: adaptiveCeiling, Policy: sc.policy,
@@ -497,20 +498,20 @@ func runAdaptiveFleet(addr string, sc adaptiveScenario) (adaptiveRun, error) {
 		}
 		procs = append(procs, p)
 	}
-	if err := awaitReady(procs); err != nil {
+	if err := fleettest.AwaitReady(procs); err != nil {
 		return adaptiveRun{}, err
 	}
 	srv.Reset() // counters and Series from about the start
 	start := time.Now().Add(100 * time.Millisecond)
-	cuts := watchDecreases(ctx, addr, prefix+":{adaptive-fleet}", start)
-	if err := release(procs, start); err != nil {
+	cuts := fleettest.WatchDecreases(ctx, addr, prefix+":{adaptive-fleet}", start)
+	if err := fleettest.Release(procs, start); err != nil {
 		return adaptiveRun{}, err
 	}
 	var run adaptiveRun
 	var last int64
 	for i, p := range procs {
 		var r adaptiveResult
-		if err := p.report(i, &r); err != nil {
+		if err := p.Report(i, &r); err != nil {
 			return adaptiveRun{}, err
 		}
 		if r.Err != "" {
@@ -535,50 +536,4 @@ func runAdaptiveFleet(addr string, sc adaptiveScenario) (adaptiveRun, error) {
 	run.by429 = strings.Join(by, " ")
 	run.cuts = cuts()
 	return run, nil
-}
-
-// watchDecreases polls the adaptive state of the Redis key base (see
-// bucket's redis_lua.go) until ctx is done or the returned function is
-// called, which returns the decreases seen: when, after start, and to what
-// fraction of the ceiling.
-func watchDecreases(ctx context.Context, addr, base string, start time.Time) func() string {
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	ctx, cancel := context.WithCancel(ctx)
-	var (
-		cuts []string // read once done is closed
-		seen string
-		done = make(chan struct{})
-	)
-	go func() {
-		defer close(done)
-		defer rdb.Close()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			s, err := rdb.HMGet(ctx, base, "e", "a", "d").Result()
-			if err != nil {
-				continue
-			}
-			e, _ := s[0].(string)
-			as, _ := s[1].(string)
-			ds, _ := s[2].(string)
-			if e == seen || as == "" || ds == "" { // no decrease, or one forgotten
-				continue
-			}
-			seen = e
-			a, _ := strconv.ParseFloat(as, 64)
-			d, _ := strconv.ParseInt(ds, 10, 64)
-			cuts = append(cuts, fmt.Sprintf("%.2fs:%.3f", time.UnixMicro(d).Sub(start).Seconds(), a/1e6))
-		}
-	}()
-	return func() string {
-		cancel()
-		<-done
-		return strings.Join(cuts, " ")
-	}
 }

@@ -1,0 +1,17 @@
+package transport_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	// A worker of TestAdaptiveFleet is this test binary started again: it
+	// runs its share of the workload and exits before any test is run.
+	if os.Getenv(adaptiveWorkerEnv) != "" {
+		os.Exit(adaptiveWorker())
+	}
+	redistest.Main(m)
+}

@@ -1,0 +1,141 @@
+// Package fleettest starts a test binary again as the worker processes of a
+// fleet test, for sluice's tests in every module of the repository: a
+// worker reads its configuration from an environment variable, says
+// "ready" on stdout, waits for the start time on stdin, and reports on
+// stdout; and it watches a Redis bucket's decreases.
+package fleettest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Worker is one worker process.
+type Worker struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout *bufio.Reader
+	stderr strings.Builder
+}
+
+// Start starts this test binary, running no test, as a worker with cfg, as
+// JSON, in the environment variable env; ctx kills it.
+func Start(ctx context.Context, env string, cfg any) (*Worker, error) {
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{cmd: exec.CommandContext(ctx, os.Args[0], "-test.run=^$")}
+	w.cmd.Env = append(os.Environ(), env+"="+string(b))
+	w.cmd.Stderr = &w.stderr
+	if w.stdin, err = w.cmd.StdinPipe(); err != nil {
+		return nil, err
+	}
+	out, err := w.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	w.stdout = bufio.NewReader(out)
+	return w, w.cmd.Start()
+}
+
+// AwaitReady waits for every worker's "ready".
+func AwaitReady(workers []*Worker) error {
+	for i, w := range workers {
+		if line, err := w.stdout.ReadString('\n'); err != nil || line != "ready\n" {
+			return fmt.Errorf("worker %d not ready: %q %v: %s", i+1, line, err, w.stderr.String())
+		}
+	}
+	return nil
+}
+
+// Release tells every worker the start time, and closes its stdin.
+func Release(workers []*Worker, start time.Time) error {
+	for _, w := range workers {
+		if _, err := fmt.Fprintln(w.stdin, start.UnixNano()); err != nil {
+			return err
+		}
+		w.stdin.Close()
+	}
+	return nil
+}
+
+// Report waits for worker i (counted from 0) to end and decodes what it
+// reported, as JSON, into r.
+func (w *Worker) Report(i int, r any) error {
+	out, err := io.ReadAll(w.stdout)
+	if err != nil {
+		return err
+	}
+	if err := w.cmd.Wait(); err != nil {
+		return fmt.Errorf("worker %d: %w: %s", i+1, err, w.stderr.String())
+	}
+	if err := json.Unmarshal(out, r); err != nil {
+		return fmt.Errorf("worker %d output %q: %w", i+1, out, err)
+	}
+	return nil
+}
+
+// Wait waits for the worker to end; it is a no-op once waited for, by Wait
+// or Report.
+func (w *Worker) Wait() { w.cmd.Wait() }
+
+// Stderr returns what the worker wrote on stderr; call it once the worker
+// has ended.
+func (w *Worker) Stderr() string { return w.stderr.String() }
+
+// WatchDecreases polls the adaptive state of the Redis key base (see
+// bucket's redis_lua.go) until ctx is done or the returned function is
+// called, which returns the decreases seen: when, after start, and to what
+// fraction of the ceiling.
+func WatchDecreases(ctx context.Context, addr, base string, start time.Time) func() string {
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	ctx, cancel := context.WithCancel(ctx)
+	var (
+		cuts []string // read once done is closed
+		seen string
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		defer rdb.Close()
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			s, err := rdb.HMGet(ctx, base, "e", "a", "d").Result()
+			if err != nil {
+				continue
+			}
+			e, _ := s[0].(string)
+			as, _ := s[1].(string)
+			ds, _ := s[2].(string)
+			if e == seen || as == "" || ds == "" { // no decrease, or one forgotten
+				continue
+			}
+			seen = e
+			a, _ := strconv.ParseFloat(as, 64)
+			d, _ := strconv.ParseInt(ds, 10, 64)
+			cuts = append(cuts, fmt.Sprintf("%.2fs:%.3f", time.UnixMicro(d).Sub(start).Seconds(), a/1e6))
+		}
+	}()
+	return func() string {
+		cancel()
+		<-done
+		return strings.Join(cuts, " ")
+	}
+}
