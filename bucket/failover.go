@@ -287,13 +287,14 @@ type failover struct {
 
 	contact contact
 
-	latency   atomic.Int64 // of the calls that worked, smoothed, in ns
-	answered  atomic.Int64 // when the last call that worked began, since monoBase, in ns
-	served    atomic.Bool  // a script has run
-	readOnly  atomic.Int64 // when READONLY replies began, Unix ns; 0 if not
-	loggedAt  atomic.Int64 // the last configuration error logged, Unix ns
-	failing   atomic.Bool  // calls have gone to the share since the last that worked
-	coldUntil atomic.Int64 // Unix ns
+	latency   atomic.Int64                // of the calls that worked, smoothed, in ns
+	answered  atomic.Int64                // when the last call that worked began, since monoBase, in ns
+	misconfig atomic.Pointer[ConfigError] // the last call's, if it found one and none has worked since
+	served    atomic.Bool                 // a script has run
+	readOnly  atomic.Int64                // when READONLY replies began, Unix ns; 0 if not
+	loggedAt  atomic.Int64                // the last configuration error logged, Unix ns
+	failing   atomic.Bool                 // calls have gone to the share since the last that worked
+	coldUntil atomic.Int64                // Unix ns
 
 	slotsMu    sync.Mutex
 	slots      map[string]time.Time // the end of each key's last slot on Redis, by clock
@@ -393,6 +394,9 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 	switch {
 	case err == nil:
 		done(nil)
+		if f.misconfig.Load() != nil {
+			f.misconfig.Store(nil)
+		}
 		f.worked(start)
 		return nil
 	case callerDone(ctx) != nil:
@@ -409,11 +413,18 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 	}
 	if ce != nil {
 		done(nil) // Redis answered
+		f.misconfig.Store(ce)
 		return f.logged(ce)
 	}
 	if !redisFailure(err) {
 		done(nil) // Redis answered
 		return err
+	}
+	if ce := f.misconfig.Load(); ce != nil {
+		// A call that failed says nothing new of a Redis that cannot serve
+		// the bucket: it must not be taken for an outage and fail open.
+		done(errNotRedis)
+		return ce
 	}
 	if f.isolated(start, err) {
 		done(errNotRedis)

@@ -88,6 +88,25 @@ func TestMisconfiguredRedis(t *testing.T) {
 		t.Cleanup(func() { rdb.Close() })
 		assertMisconfigured(t, rdb, replica.Addr, "replica's")
 	})
+	t.Run("READONLY replica, then a timeout", func(t *testing.T) {
+		// A call that times out after the replica's READONLY is the
+		// misconfiguration still, not an outage to fail open through: on a
+		// loaded machine the fault matrix's replica row admitted 128 calls
+		// on shares.
+		master := redistest.Own(t)
+		replica := redistest.Own(t, "--replicaof", "127.0.0.1", strings.TrimPrefix(master.Addr, "127.0.0.1:"))
+		proxy := redistest.NewProxy(t, replica.Addr)
+		rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { rdb.Close() })
+		b := bucket.NewRedis(rdb, bucket.PerSecond(10), bucket.WithRedisTimeout(50*time.Millisecond),
+			bucket.WithLogger(slog.New(slog.DiscardHandler)))
+		_, err := b.Reserve(t.Context(), "k", bucket.N(1), 0)
+		require.ErrorIs(t, err, bucket.ErrMisconfigured)
+		proxy.SetLatency(300 * time.Millisecond)
+		r, err := b.Reserve(t.Context(), "k", bucket.N(1), time.Second)
+		require.ErrorIs(t, err, bucket.ErrMisconfigured, "%+v", r)
+		assert.False(t, r.OK)
+	})
 	for _, policy := range []string{"allkeys-lru", "volatile-ttl", "allkeys-random", "volatile-lfu"} {
 		t.Run("maxmemory-policy "+policy, func(t *testing.T) {
 			srv := redistest.Own(t, "--maxmemory", "64mb", "--maxmemory-policy", policy)
