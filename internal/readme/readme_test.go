@@ -24,6 +24,9 @@ func TestFirstProgramBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if n := strings.Count(string(readme), "\n"); n > 150 {
+		t.Errorf("the README is %d lines; keep it to 150 (details go to docs/)", n)
+	}
 	_, rest, ok := strings.Cut(string(readme), "```go\npackage main\n")
 	if !ok {
 		t.Fatal("README: no Go block starting with package main")
