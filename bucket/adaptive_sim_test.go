@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 
 	"github.com/sluicehq/sluice/adaptive"
@@ -206,7 +204,7 @@ func simulate(t *testing.T, b bucket.Bucket, setClock func(time.Time), server st
 // end of the first run of them: none for 5 windows after), how many it got
 // until then, and what it got over the run, with 32 workers in 4
 // processes. It prints a table, for Local and for the Lua scripts on
-// miniredis, which must agree.
+// a redis-server, which must agree.
 func TestAdaptiveSimulation(t *testing.T) {
 	type scenario struct {
 		name    string
@@ -271,9 +269,7 @@ type simBackend struct {
 
 func simBackends(t *testing.T) []simBackend {
 	clk := &fakeClock{t: epoch}
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	srv := newClockedRedis(t, epoch)
 	n := 0
 	return []simBackend{
 		{
@@ -284,15 +280,15 @@ func simBackends(t *testing.T) []simBackend {
 			set: func(at time.Time) { clk.mu.Lock(); clk.t = at; clk.mu.Unlock() },
 		},
 		{
-			name: "miniredis",
+			name: "redis",
 			new: func(l bucket.Limit, opts ...bucket.Option) bucket.Bucket {
-				n++ // a fresh prefix: miniredis's clock goes back for each run
+				n++ // a fresh prefix: the server's clock goes back for each run
 				// Failing over to a Local bucket on the system clock would
 				// void the simulation.
-				return bucket.NewRedis(rdb, l, append(opts, bucket.WithPrefix(fmt.Sprint("sim", n)),
+				return bucket.NewRedis(srv.rdb, l, append(opts, bucket.WithPrefix(fmt.Sprint("sim", n)),
 					bucket.WithFailClosed(), bucket.WithRedisTimeout(time.Minute))...)
 			},
-			set: func(at time.Time) { mr.SetTime(at) },
+			set: srv.clock.Set,
 		},
 	}
 }

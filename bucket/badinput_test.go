@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -149,10 +148,8 @@ func reason(l bucket.Limit) string {
 // TestKeyNames pins how keys become Redis key names: as they are, braces
 // and '%' escaped, and keys over 512 bytes hashed.
 func TestKeyNames(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	b := bucket.NewFixedWindow(rdb, bucket.PerMinute(5), bucket.WithFailClosed())
+	srv := newClockedRedis(t, epoch)
+	b := bucket.NewFixedWindow(srv.rdb, bucket.PerMinute(5), bucket.WithFailClosed())
 	long := strings.Repeat("x", 513)
 	sum := sha256.Sum256([]byte(long))
 	for key, name := range map[string]string{
@@ -163,10 +160,10 @@ func TestKeyNames(t *testing.T) {
 		strings.Repeat("x", 512): "sluice:{" + strings.Repeat("x", 512) + "}:requests:window",
 		long:                     "sluice:{%sha256:" + hex.EncodeToString(sum[:]) + "}:requests:window",
 	} {
-		mr.FlushAll()
+		srv.FlushAll()
 		_, err := b.Reserve(t.Context(), key, bucket.N(1), 0)
 		require.NoError(t, err)
-		assert.Equal(t, []string{name}, mr.Keys())
+		assert.Equal(t, []string{name}, srv.Keys())
 	}
 }
 

@@ -169,7 +169,7 @@ func TestReportsAgree(t *testing.T) {
 	t.Log(got)
 	require.Len(t, got["local"], 3)
 	for i := range got["local"] {
-		assert.InDelta(t, got["local"][i], got["miniredis"][i], 0.01, "step %d", i)
+		assert.InDelta(t, got["local"][i], got["redis"][i], 0.01, "step %d", i)
 	}
 	assert.Positive(t, got["local"][2], "a wait, not 'retry now'")
 }

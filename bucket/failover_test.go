@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/assert"
@@ -436,20 +435,16 @@ func TestFailOpen(t *testing.T) {
 	assert.Zero(t, r.Epoch, "no decrease")
 }
 
-// TestFleetMembers pins the membership set on miniredis: one sorted set per
-// prefix, a member per process scored by Redis TIME, members silent for
-// 10 s dropped, the set gone 10 s after the last beat; buckets that fail
-// closed are not members.
+// TestFleetMembers pins the membership set under controlled time: one
+// sorted set per prefix, a member per process scored by Redis TIME,
+// members silent for 10 s dropped, the set gone 10 s after the last beat;
+// buckets that fail closed are not members.
 func TestFleetMembers(t *testing.T) {
-	mr := miniredis.RunT(t)
-	now := epoch
-	mr.SetTime(now)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { rdb.Close() })
+	srv := newClockedRedis(t, epoch)
+	rdb := srv.rdb
 	clk := &fakeClock{t: epoch}
 	advance := func(d time.Duration) {
-		now = now.Add(d)
-		mr.SetTime(now)
+		srv.clock.Advance(d)
 		clk.Advance(d)
 	}
 	ctx := t.Context()
@@ -469,7 +464,7 @@ func TestFleetMembers(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, z, 3)
 	assert.Equal(t, float64(epoch.UnixMicro()), z[0].Score, "scored by Redis TIME in µs")
-	assert.Equal(t, 10*time.Second, mr.TTL("p:members"))
+	assert.Equal(t, 10*time.Second, srv.TTL("p:members"))
 
 	advance(500 * time.Millisecond) // not due: no beat
 	_, err = members[0].Reserve(ctx, "k", bucket.N(1), 0)
@@ -486,8 +481,9 @@ func TestFleetMembers(t *testing.T) {
 	assert.Equal(t, int64(1), bucket.Members(members[0]))
 	assert.Equal(t, []string{"a"}, rdb.ZRange(ctx, "p:members", 0, -1).Val())
 
-	mr.FastForward(10 * time.Second)
-	assert.False(t, mr.Exists("p:members"))
+	// Redis deletes a key a millisecond past its expiry.
+	srv.clock.Advance(10*time.Second + time.Millisecond)
+	assert.False(t, srv.Exists("p:members"))
 }
 
 // TestRedisRestartLosesState: a Redis restarted without its data gives a

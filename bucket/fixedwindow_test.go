@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,26 +26,22 @@ var winStart = time.Unix(1795000000, 123457000)
 // winToMinute is the time from winStart to the next minute.
 const winToMinute = 19*time.Second + 876543*time.Microsecond
 
-// winRedis is a miniredis whose TIME and key expiry the test drives.
+// winRedis is a redis-server whose TIME and key expiry the test drives.
 type winRedis struct {
-	mr  *miniredis.Miniredis
+	srv *clockedRedis
 	rdb *redis.Client
 	now time.Time
 }
 
 func newWinRedis(t *testing.T) *winRedis {
-	mr := miniredis.RunT(t)
-	mr.SetTime(winStart)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	return &winRedis{mr: mr, rdb: rdb, now: winStart}
+	srv := newClockedRedis(t, winStart)
+	return &winRedis{srv: srv, rdb: srv.rdb, now: winStart}
 }
 
-// advance moves TIME forward by d and expires keys accordingly.
+// advance moves TIME forward by d, and with it the expiry of keys.
 func (w *winRedis) advance(d time.Duration) {
 	w.now = w.now.Add(d)
-	w.mr.SetTime(w.now)
-	w.mr.FastForward(d)
+	w.srv.clock.Set(w.now)
 }
 
 // winIndex is the number of the window of length l that holds at.
@@ -104,21 +99,21 @@ func TestFixedWindowFutureReservations(t *testing.T) {
 	assert.Equal(t, bucket.Reservation{OK: true, Delay: winToMinute + time.Minute}, winReserve(t, b, "k", bucket.N(2), bucket.Unlimited))
 
 	cur, next, after := winIndex(w.now, time.Minute), winIndex(w.now.Add(time.Minute), time.Minute), winIndex(w.now.Add(2*time.Minute), time.Minute)
-	keys, err := w.mr.HKeys(rk)
+	keys, err := w.srv.HKeys(rk)
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{cur, next, after}, keys)
-	assert.Equal(t, "2", w.mr.HGet(rk, cur))
-	assert.Equal(t, "2", w.mr.HGet(rk, next))
-	assert.Equal(t, "2", w.mr.HGet(rk, after))
+	assert.Equal(t, "2", w.srv.HGet(rk, cur))
+	assert.Equal(t, "2", w.srv.HGet(rk, next))
+	assert.Equal(t, "2", w.srv.HGet(rk, after))
 	// The TTL covers the last window counted, plus a second.
-	assert.Equal(t, winToMinute.Round(time.Millisecond)+2*time.Minute+time.Second, w.mr.TTL(rk))
+	assert.Equal(t, winToMinute.Round(time.Millisecond)+2*time.Minute+time.Second, w.srv.TTL(rk))
 
 	// In the next minute, the past window's count goes with the next write
 	// and the allowance left is that of the reservations made for it.
 	w.advance(winToMinute)
 	assert.Equal(t, bucket.Cost{bucket.Requests: 0}, winTokens(t, b, "k"))
 	assert.Equal(t, bucket.Reservation{OK: true, Delay: 2 * time.Minute}, winReserve(t, b, "k", bucket.N(1), bucket.Unlimited))
-	keys, err = w.mr.HKeys(rk)
+	keys, err = w.srv.HKeys(rk)
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{next, after, winIndex(w.now.Add(2*time.Minute), time.Minute)}, keys)
 }
@@ -134,21 +129,21 @@ func TestFixedWindowTwoDimensionsAllOrNothing(t *testing.T) {
 	assert.Equal(t, bucket.Reservation{RetryAfter: toTen}, winReserve(t, b, "k", cost, 0))
 	assert.Equal(t, bucket.Cost{bucket.Requests: 9, bucket.Tokens: 400}, winTokens(t, b, "k"),
 		"a cost the second dimension refuses takes nothing from the first")
-	tk, err := w.mr.HKeys("sluice:{k}:requests:window")
+	tk, err := w.srv.HKeys("sluice:{k}:requests:window")
 	require.NoError(t, err)
 	assert.Len(t, tk, 1)
 
 	// Reserved for the next tokens window; requests count it in this minute.
 	assert.Equal(t, bucket.Reservation{OK: true, Delay: toTen}, winReserve(t, b, "k", cost, time.Minute))
 	assert.Equal(t, bucket.Cost{bucket.Requests: 8, bucket.Tokens: 400}, winTokens(t, b, "k"))
-	assert.Equal(t, "600", w.mr.HGet("sluice:{k}:tokens:window", winIndex(w.now.Add(toTen), 10*time.Second)))
+	assert.Equal(t, "600", w.srv.HGet("sluice:{k}:tokens:window", winIndex(w.now.Add(toTen), 10*time.Second)))
 
 	// Fill this minute's requests: now each dimension is full in a different
 	// window, and the first moment both have room is the next minute.
 	assert.True(t, winReserve(t, b, "k", bucket.N(8), 0).OK)
 	assert.Equal(t, bucket.Reservation{OK: true, Delay: winToMinute}, winReserve(t, b, "k", bucket.Cost{bucket.Requests: 1, bucket.Tokens: 500}, time.Minute))
-	assert.Equal(t, "500", w.mr.HGet("sluice:{k}:tokens:window", winIndex(w.now.Add(winToMinute), 10*time.Second)))
-	assert.Equal(t, "1", w.mr.HGet("sluice:{k}:requests:window", winIndex(w.now.Add(winToMinute), time.Minute)))
+	assert.Equal(t, "500", w.srv.HGet("sluice:{k}:tokens:window", winIndex(w.now.Add(winToMinute), 10*time.Second)))
+	assert.Equal(t, "1", w.srv.HGet("sluice:{k}:requests:window", winIndex(w.now.Add(winToMinute), time.Minute)))
 }
 
 func TestFixedWindowAdjust(t *testing.T) {
@@ -164,21 +159,21 @@ func TestFixedWindowAdjust(t *testing.T) {
 	r := winReserve(t, b, "k", bucket.N(3), time.Minute)
 	require.Equal(t, bucket.Reservation{OK: true, Delay: winToMinute}, r)
 	require.NoError(t, b.Adjust(t.Context(), "k", bucket.N(-3)))
-	keys, err := w.mr.HKeys(rk)
+	keys, err := w.srv.HKeys(rk)
 	require.NoError(t, err)
 	assert.Equal(t, []string{winIndex(w.now, time.Minute)}, keys)
-	assert.Equal(t, "5", w.mr.HGet(rk, keys[0]))
+	assert.Equal(t, "5", w.srv.HGet(rk, keys[0]))
 
 	// Spread over two windows, a refund empties the later one, then takes
 	// the rest from the earlier one.
 	assert.True(t, winReserve(t, b, "k", bucket.N(2), time.Minute).OK)
 	require.NoError(t, b.Adjust(t.Context(), "k", bucket.N(-3)))
-	assert.Equal(t, []string{winIndex(w.now, time.Minute)}, winMust(w.mr.HKeys(rk)))
+	assert.Equal(t, []string{winIndex(w.now, time.Minute)}, winMust(w.srv.HKeys(rk)))
 	assert.Equal(t, bucket.Cost{bucket.Requests: 1}, winTokens(t, b, "k"))
 
 	// Never below zero: a refund beyond every count leaves no key at all.
 	require.NoError(t, b.Adjust(t.Context(), "k", bucket.N(-100)))
-	assert.False(t, w.mr.Exists(rk))
+	assert.False(t, w.srv.Exists(rk))
 	assert.Equal(t, bucket.Cost{bucket.Requests: 5}, winTokens(t, b, "k"))
 
 	// A debit counts in the current window, past its allowance.
@@ -187,7 +182,7 @@ func TestFixedWindowAdjust(t *testing.T) {
 	require.NoError(t, b.Adjust(t.Context(), "k", bucket.N(2)))
 	assert.Equal(t, bucket.Cost{bucket.Requests: -2}, winTokens(t, b, "k"))
 	assert.Equal(t, bucket.Reservation{RetryAfter: winToMinute}, winReserve(t, b, "k", bucket.N(1), 0))
-	assert.Equal(t, winToMinute.Round(time.Millisecond)+time.Second, w.mr.TTL(rk))
+	assert.Equal(t, winToMinute.Round(time.Millisecond)+time.Second, w.srv.TTL(rk))
 	// ... and does not spill into the next one.
 	w.advance(winToMinute)
 	assert.Equal(t, bucket.Cost{bucket.Requests: 5}, winTokens(t, b, "k"))
@@ -203,11 +198,11 @@ func TestFixedWindowCancelledWaitRefunds(t *testing.T) {
 	assert.True(t, winReserve(t, b, "k", bucket.N(5), 0).OK)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	time.AfterFunc(20*time.Millisecond, cancel) // the Delay is ~20 s of miniredis time
+	time.AfterFunc(20*time.Millisecond, cancel) // the Delay is ~20 s of the server's time
 	r, err := bucket.WaitMax(ctx, b, "k", bucket.N(4), time.Minute)
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, winToMinute, r.Delay)
-	keys, err := w.mr.HKeys("sluice:{k}:requests:window")
+	keys, err := w.srv.HKeys("sluice:{k}:requests:window")
 	require.NoError(t, err)
 	assert.Equal(t, []string{winIndex(w.now, time.Minute)}, keys, "the next window's slot was given back")
 }
@@ -218,30 +213,36 @@ func TestFixedWindowKeysTTLAndPrecision(t *testing.T) {
 		bucket.WithLimit(bucket.Tokens, bucket.PerMinute(1000)), bucket.WithPrefix("app"),
 		bucket.WithFailClosed()) // no membership set (TestFleetMembers): the bucket's own keys only
 	assert.True(t, winReserve(t, b, "k", bucket.Cost{bucket.Requests: 1, bucket.Tokens: 10}, 0).OK)
-	assert.ElementsMatch(t, []string{"app:{k}:requests:window", "app:{k}:tokens:window"}, w.mr.Keys(),
+	assert.ElementsMatch(t, []string{"app:{k}:requests:window", "app:{k}:tokens:window"}, w.srv.Keys(),
 		"every dimension of a key in one hash slot")
 	// The window number is floor(µs / window), exact at today's epoch.
-	assert.Equal(t, []string{"179500000"}, winMust(w.mr.HKeys("app:{k}:requests:window")))
-	assert.Equal(t, []string{"29916666"}, winMust(w.mr.HKeys("app:{k}:tokens:window")))
+	assert.Equal(t, []string{"179500000"}, winMust(w.srv.HKeys("app:{k}:requests:window")))
+	assert.Equal(t, []string{"29916666"}, winMust(w.srv.HKeys("app:{k}:tokens:window")))
 	// Each key lives until its window ends, plus a second.
-	assert.Equal(t, 10877*time.Millisecond, w.mr.TTL("app:{k}:requests:window"))
-	assert.Equal(t, 20877*time.Millisecond, w.mr.TTL("app:{k}:tokens:window"))
+	assert.Equal(t, 10877*time.Millisecond, w.srv.TTL("app:{k}:requests:window"))
+	assert.Equal(t, 20877*time.Millisecond, w.srv.TTL("app:{k}:tokens:window"))
 
 	// At the last microsecond of a window, and at the first of the next.
 	w.advance(9*time.Second + 876542*time.Microsecond)
 	assert.True(t, winReserve(t, b, "k", bucket.N(1), 0).OK)
-	assert.Equal(t, "2", w.mr.HGet("app:{k}:requests:window", "179500000"))
-	assert.Equal(t, 1001*time.Millisecond, w.mr.TTL("app:{k}:requests:window"), "1 µs, rounded up to 1 ms, plus a second")
+	assert.Equal(t, "2", w.srv.HGet("app:{k}:requests:window", "179500000"))
+	assert.Equal(t, 1001*time.Millisecond, w.srv.TTL("app:{k}:requests:window"), "1 µs, rounded up to 1 ms, plus a second")
 	w.advance(time.Microsecond)
 	assert.True(t, winReserve(t, b, "k", bucket.N(1), 0).OK)
-	assert.Equal(t, []string{"179500001"}, winMust(w.mr.HKeys("app:{k}:requests:window")))
-	assert.Equal(t, 11*time.Second, w.mr.TTL("app:{k}:requests:window"))
+	assert.Equal(t, []string{"179500001"}, winMust(w.srv.HKeys("app:{k}:requests:window")))
+	assert.Equal(t, 11*time.Second, w.srv.TTL("app:{k}:requests:window"))
 
-	// Idle keys disappear once their windows are over.
+	// Idle keys disappear once their windows are over, plus a second. The
+	// 10 s window and the minute both end at :20, so both keys are due at
+	// :21 to the millisecond (miniredis, which kept TTLs from a now not cut
+	// to the millisecond, had the tokens key 0.457 ms longer), and Redis
+	// deletes a key a millisecond past due.
 	w.advance(11 * time.Second)
-	assert.Equal(t, []string{"app:{k}:tokens:window"}, w.mr.Keys())
-	w.advance(time.Minute)
-	assert.Empty(t, w.mr.Keys())
+	assert.Equal(t, []string{"app:{k}:requests:window", "app:{k}:tokens:window"}, w.srv.Keys(), "due")
+	assert.Zero(t, w.srv.TTL("app:{k}:requests:window"))
+	assert.Zero(t, w.srv.TTL("app:{k}:tokens:window"))
+	w.advance(time.Millisecond)
+	assert.Empty(t, w.srv.Keys())
 }
 
 // TestFixedWindowAndSlidingLogRejectImpossibleCosts: a cost that can never

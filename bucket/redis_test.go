@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -15,29 +14,26 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// TestRedisKeysAndTTL pins the storage layout on miniredis under controlled
-// time: one hash per key and dimension in one hash slot, time kept as exact
-// integer microseconds, a TTL covering refill and debt, idle keys gone.
+// TestRedisKeysAndTTL pins the storage layout under controlled time: one
+// hash per key and dimension in one hash slot, time kept as exact integer
+// microseconds, a TTL covering refill and debt, idle keys gone.
 func TestRedisKeysAndTTL(t *testing.T) {
 	ctx := context.Background()
-	mr := miniredis.RunT(t)
-	mr.SetTime(epoch)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	defer rdb.Close()
-	b := bucket.NewRedis(rdb, bucket.Limit{Rate: 2, Burst: 10},
+	srv := newClockedRedis(t, epoch)
+	b := bucket.NewRedis(srv.rdb, bucket.Limit{Rate: 2, Burst: 10},
 		bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 100, Burst: 1000}), bucket.WithPrefix("app"),
 		bucket.WithFailClosed()) // no membership set (TestFleetMembers): the bucket's own keys only
 
 	_, err := b.Reserve(ctx, "k", bucket.Cost{bucket.Requests: 4, bucket.Tokens: 500}, 0)
 	require.NoError(t, err)
-	assert.ElementsMatch(t, []string{"app:{k}:requests", "app:{k}:tokens"}, mr.Keys())
-	h := mr.HGet("app:{k}:requests", "ts")
+	assert.ElementsMatch(t, []string{"app:{k}:requests", "app:{k}:tokens"}, srv.Keys())
+	h := srv.HGet("app:{k}:requests", "ts")
 	assert.Equal(t, strconv.FormatInt(epoch.UnixMicro(), 10), h, "time kept to the microsecond at today's epoch")
 	// The TTL covers the refill (4 tokens at 2/s: 2 s) plus a second, and
 	// is set past that by one full refill time (10/2 = 5 s) so that a hot
 	// key is not re-expired on every call.
-	assertTTL(t, mr, "app:{k}:requests", 3*time.Second, 8*time.Second)
-	assertTTL(t, mr, "app:{k}:tokens", 6*time.Second, 16*time.Second)
+	assertTTL(t, srv, "app:{k}:requests", 3*time.Second, 8*time.Second)
+	assertTTL(t, srv, "app:{k}:tokens", 6*time.Second, 16*time.Second)
 
 	// Debt lengthens the need: from -4 to 10 tokens is 7 s of refill.
 	r, err := b.Reserve(ctx, "k", bucket.N(11), time.Hour)
@@ -46,38 +42,38 @@ func TestRedisKeysAndTTL(t *testing.T) {
 	r, err = b.Reserve(ctx, "k", bucket.N(10), time.Hour)
 	require.NoError(t, err)
 	assert.Equal(t, 2*time.Second, r.Delay)
-	assertTTL(t, mr, "app:{k}:requests", 8*time.Second, 8*time.Second)
+	assertTTL(t, srv, "app:{k}:requests", 8*time.Second, 8*time.Second)
 	r, err = b.Reserve(ctx, "k", bucket.N(2), time.Hour) // 9 s of refill: extended
 	require.NoError(t, err)
 	assert.Equal(t, 3*time.Second, r.Delay)
-	assertTTL(t, mr, "app:{k}:requests", 10*time.Second, 15*time.Second)
+	assertTTL(t, srv, "app:{k}:requests", 10*time.Second, 15*time.Second)
 
 	// One microsecond later, the refill is exact.
-	mr.SetTime(epoch.Add(time.Microsecond))
+	srv.clock.Set(epoch.Add(time.Microsecond))
 	tk, err := b.Tokens(ctx, "k")
 	require.NoError(t, err)
 	assert.InDelta(t, -6+2e-6, tk[bucket.Requests], 1e-12)
 
 	// Idle keys disappear.
-	mr.FastForward(17 * time.Second)
-	assert.Empty(t, mr.Keys())
+	srv.clock.Advance(17 * time.Second)
+	assert.Empty(t, srv.Keys())
 
 	// A refund to a full bucket leaves no key behind.
 	require.NoError(t, b.Adjust(ctx, "k", bucket.N(-1)))
-	assert.Empty(t, mr.Keys())
+	assert.Empty(t, srv.Keys())
 }
 
 // assertTTL checks that key's TTL is within [lo, hi] (PEXPIREAT rounds the
 // expiry up to the millisecond).
-func assertTTL(t *testing.T, mr *miniredis.Miniredis, key string, lo, hi time.Duration) {
+func assertTTL(t *testing.T, srv *clockedRedis, key string, lo, hi time.Duration) {
 	t.Helper()
-	ttl := mr.TTL(key)
+	ttl := srv.TTL(key)
 	assert.GreaterOrEqual(t, ttl, lo, key)
 	assert.LessOrEqual(t, ttl, hi+time.Millisecond, key)
 }
 
-// TestRedisLuaOnRealServer checks what miniredis could hide: the real Lua
-// interpreter's number formatting and TIME.
+// TestRedisLuaOnRealServer checks the Lua interpreter's number formatting
+// and TIME on a server with the real clock.
 func TestRedisLuaOnRealServer(t *testing.T) {
 	ctx := context.Background()
 	rdb := redistest.Client(t)

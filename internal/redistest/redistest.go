@@ -100,7 +100,10 @@ func (s *Server) start(bin string, extra []string) error {
 }
 
 func (s *Server) waitReady(timeout time.Duration) error {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	// go-redis retries a refused dial after 100 ms, longer than a server
+	// takes to start.
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1,
+		DialerRetryBackoff: func(int) time.Duration { return 2 * time.Millisecond }})
 	defer c.Close()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -113,7 +116,7 @@ func (s *Server) waitReady(timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("redistest: redis-server on %s not ready: %w", s.Addr, err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
