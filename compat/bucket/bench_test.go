@@ -22,9 +22,9 @@ import (
 //	go test -run '^$' -bench . -benchtime 2s ./compat/bucket
 //
 // Redis Reserve against go-redis/redis_rate AllowN and a trivial EVALSHA
-// (the round-trip floor); Local Reserve against x/time/rate ReserveN. The
-// sluice benchmarks are those of sluice's bucket package, run here again
-// beside their peers for the ratios.
+// (the round-trip floor); Local Reserve against x/time/rate ReserveN. They
+// live here, not in sluice's bucket package, so that each ratio comes from
+// one run and the library's module needs neither peer.
 
 var goroutineCounts = []int{1, 8, 64}
 
