@@ -183,7 +183,6 @@ var (
 // call it from TestMain. If none can be started, tests that call Client or
 // Addr skip (or fail, with SLUICE_STRICT=1).
 func Main(m *testing.M) {
-	redis.SetLogger(quiet{}) // servers stopped on purpose are no news
 	pkgServer, errPkg = Start()
 	code := m.Run()
 	if pkgServer != nil {
@@ -191,6 +190,11 @@ func Main(m *testing.M) {
 	}
 	os.Exit(code)
 }
+
+// Tests that use redistest, and the worker processes they start (which
+// exit before Main), keep go-redis quiet: servers stopped on purpose, and
+// the failed dials that follow, are no news.
+func init() { redis.SetLogger(quiet{}) }
 
 // quiet is a go-redis logger that logs nothing.
 type quiet struct{}
