@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // adaptation is a token bucket's adaptive law with the times it scales to
@@ -43,11 +44,11 @@ func newAdaptation(p adaptive.Policy, dims []dim) adaptation {
 	}
 	return adaptation{
 		policy:   p,
-		limit:    ceilDuration(window),
-		window:   max(ceilDuration(window*p.ThresholdWindows), time.Microsecond),
-		span:     max(ceilDuration(window*p.RecoveryWindows), time.Microsecond),
-		minEpoch: ceilDuration(window * p.MinEpoch),
-		hold:     ceilDuration(window * p.HoldWindows),
+		limit:    wait.Seconds(window),
+		window:   max(wait.Seconds(window*p.ThresholdWindows), time.Microsecond),
+		span:     max(wait.Seconds(window*p.RecoveryWindows), time.Microsecond),
+		minEpoch: wait.Seconds(window * p.MinEpoch),
+		hold:     wait.Seconds(window * p.HoldWindows),
 	}
 }
 
@@ -131,12 +132,4 @@ func (a *adaptation) flagsCold() any {
 // that have gone, and the fleet would send at a fraction of the rate.
 func pauseTokens(tokens float64, d time.Duration, rate float64) float64 {
 	return min(0, tokens+d.Seconds()*rate)
-}
-
-// addDuration returns a+b for a, b >= 0, saturated at the longest Duration.
-func addDuration(a, b time.Duration) time.Duration {
-	if a > Unlimited-b {
-		return Unlimited
-	}
-	return a + b
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // Bucket is a rate limit shared by everyone who charges the same key.
@@ -85,25 +86,15 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 	if !r.OK {
 		return r, &WaitError{RetryAfter: r.RetryAfter, MaxWait: maxWait}
 	}
-	if r.Delay <= 0 {
+	if r.Delay <= 0 || wait.Sleep(ctx, r.Delay) == nil {
 		return r, nil
 	}
-	t := time.NewTimer(r.Delay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return r, nil
-	case <-ctx.Done():
-		// The slot is ours but will not be used: give it back so the next
-		// caller can have it. The refund must outlive the cancelled ctx.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
-		defer cancel()
-		if rerr := b.Adjust(rctx, key, cost.Neg()); rerr != nil {
-			return r, errors.Join(ctx.Err(), rerr)
-		}
-		return r, ctx.Err()
+	// The slot is ours but will not be used: give it back so the next
+	// caller can have it. The refund must outlive the cancelled ctx.
+	rctx, cancel := wait.Detached(ctx)
+	defer cancel()
+	if rerr := b.Adjust(rctx, key, cost.Neg()); rerr != nil {
+		return r, errors.Join(ctx.Err(), rerr)
 	}
+	return r, ctx.Err()
 }
-
-// refundTimeout bounds the refund of a cancelled wait.
-const refundTimeout = 2 * time.Second

@@ -21,6 +21,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // ErrUnavailable is matched by every *UnavailableError.
@@ -314,7 +315,7 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 		evictable: p.evictable, log: p.logger, dims: dims, clock: c.clock, contact: newContact(),
 		policy: c.policy}
 	for _, d := range dims {
-		f.window = max(f.window, ceilDuration(d.limit.Burst/d.limit.Rate))
+		f.window = max(f.window, wait.Seconds(d.limit.Burst/d.limit.Rate))
 	}
 	if f.timeout <= 0 {
 		f.timeout = defaultRedisTimeout

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // Local is a Bucket kept in this process's memory: the embedded default for
@@ -96,20 +97,20 @@ func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.D
 	defer l.mu.Unlock()
 	k := l.advance(key, now, cost)
 	f := l.fraction(k, now)
-	var wait float64 // seconds after k.last
+	var secs float64 // the wait, in seconds after k.last
 	for i, d := range l.dims {
 		c := cost[d.name]
 		if c == 0 {
 			continue // a dimension not charged is not held back by its debt
 		}
 		if deficit := c - k.tokens[i]; deficit > 0 {
-			wait = max(wait, deficit/l.rate(k, i, f))
+			secs = max(secs, deficit/l.rate(k, i, f))
 		}
 		if pt, pr, _, ok := k.prov(i); ok && c > pt {
-			wait = max(wait, (c-pt)/pr)
+			secs = max(secs, (c-pt)/pr)
 		}
 	}
-	w := addDuration(ceilDuration(wait), max(k.last.Sub(now), 0))
+	w := wait.Add(wait.Seconds(secs), max(k.last.Sub(now), 0))
 	if w > max(maxWait, 0) || w == Unlimited { // a wait of 292 years is none, as on Redis
 		return Reservation{RetryAfter: w, Epoch: k.epoch}, nil
 	}
@@ -327,7 +328,7 @@ func (l *Local) queueEnd(key string) time.Time {
 	f := l.fraction(k, now)
 	for i := range l.dims {
 		if k.tokens[i] < 0 {
-			if t := k.last.Add(ceilDuration(-k.tokens[i] / l.rate(k, i, f))); t.After(end) {
+			if t := k.last.Add(wait.Seconds(-k.tokens[i] / l.rate(k, i, f))); t.After(end) {
 				end = t
 			}
 		}
@@ -423,17 +424,4 @@ func (l *Local) sweep(now time.Time) {
 		}
 	}
 	l.sweepAt = max(minSweep, 2*len(l.keys))
-}
-
-// ceilDuration converts seconds to a Duration, rounding up so that a waiter
-// never wakes before its tokens exist.
-func ceilDuration(sec float64) time.Duration {
-	if sec <= 0 {
-		return 0
-	}
-	ns := math.Ceil(sec * 1e9)
-	if ns >= math.MaxInt64 {
-		return Unlimited
-	}
-	return time.Duration(ns)
 }

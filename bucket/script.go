@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // script is a Lua script that runs at most once per call: by EVALSHA, or
@@ -52,11 +54,7 @@ func (s *script) run(ctx context.Context, rdb redis.UniversalClient, keys []stri
 		if attempt == 3 || !notRun(cmd.Err()) {
 			return cmd
 		}
-		t := time.NewTimer(8 * time.Millisecond << (2 * attempt))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if wait.Sleep(ctx, 8*time.Millisecond<<(2*attempt)) != nil {
 			return cmd
 		}
 	}

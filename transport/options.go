@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // Option configures a Transport.
@@ -43,7 +44,7 @@ func newConfig(opts []Option) config {
 		cost:    defaultCost,
 		maxWait: bucket.Unlimited,
 		now:     time.Now,
-		sleep:   sleep,
+		sleep:   wait.Sleep,
 		rand:    rand.Float64,
 	}
 	for _, o := range opts {
@@ -150,19 +151,4 @@ func WithLogger(l *slog.Logger) Option {
 			c.logger = l
 		}
 	})
-}
-
-// sleep waits for d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -82,10 +82,6 @@ func (p *pauses) pause(key string, t, now time.Time) {
 	p.n.Store(int64(len(p.m.m)))
 }
 
-// refundTimeout bounds the bucket calls made after the caller's context may
-// have ended: refunds and observations.
-const refundTimeout = 2 * time.Second
-
 // observeEvery is how often, at most, a Transport tells the bucket what
 // accepted responses of one key report about the quota: each is one more
 // call to a shared bucket, and successive reports mostly say the same.

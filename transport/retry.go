@@ -12,7 +12,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // Retry says which attempts are tried again, and after how long. The zero
@@ -201,18 +201,10 @@ func retryableError(ctx context.Context, err error) bool {
 	return !errors.As(err, &verr) && !errors.As(err, &uaerr) && !errors.As(err, &herr) && !errors.As(err, &cierr)
 }
 
-// fromFloat converts nanoseconds to a Duration, rounding up and saturating.
-func fromFloat(ns float64) time.Duration {
-	if ns >= float64(bucket.Unlimited) {
-		return bucket.Unlimited
-	}
-	return time.Duration(math.Ceil(ns))
-}
-
 // jitter adds to d a random extra of up to r.Jitter·d; u is uniform in [0, 1).
 func (r *Retry) jitter(d time.Duration, u float64) time.Duration {
 	if r.Jitter <= 0 || d <= 0 {
 		return d
 	}
-	return fromFloat(float64(d) * (1 + r.Jitter*u))
+	return wait.Add(d, wait.Seconds(d.Seconds()*r.Jitter*u))
 }

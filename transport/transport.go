@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // Transport is an http.RoundTripper that sends each request through base
@@ -292,7 +293,7 @@ func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
 	if t.cfg.bucket == nil {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	rctx, cancel := wait.Detached(ctx)
 	defer cancel()
 	if err := t.cfg.bucket.Adjust(rctx, key, cost.Neg()); err != nil {
 		t.debugKey(ctx, "sluice: refund failed", errAttr(err))
@@ -351,7 +352,7 @@ func (t *Transport) observe(ctx context.Context, key string, epoch uint64, resp 
 	if t.cfg.bucket == nil || fb.Class == adaptive.Accepted && !t.sampler.due(key, now) {
 		return v
 	}
-	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	octx, cancel := wait.Detached(ctx)
 	defer cancel()
 	if err := t.cfg.bucket.Observe(octx, key, fb); err != nil {
 		t.debugKey(ctx, "sluice: observe failed", errAttr(err))

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // UsageMeter measures what a call actually cost from its response body, as
@@ -137,7 +138,7 @@ func (t *Transport) reconcile(ctx context.Context, key string, charged, actual b
 	if len(delta) == 0 {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refundTimeout)
+	rctx, cancel := wait.Detached(ctx)
 	defer cancel()
 	if err := t.cfg.bucket.Adjust(rctx, key, delta); err != nil {
 		t.debugKey(ctx, "sluice: usage reconciliation failed", errAttr(err))

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // ChatRequest is the part of an OpenAI chat completion request the fake
@@ -235,16 +237,4 @@ func (a *answer) writeStream(w http.ResponseWriter, r *http.Request, latency, to
 }
 
 // sleep waits d, real time, and reports whether r is still wanted.
-func sleep(r *http.Request, d time.Duration) bool {
-	if d <= 0 {
-		return r.Context().Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-r.Context().Done():
-		return false
-	}
-}
+func sleep(r *http.Request, d time.Duration) bool { return wait.Sleep(r.Context(), d) == nil }
