@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/sluicehq/sluice/internal/peek"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -113,7 +114,7 @@ func (c *Client) ChatStream(ctx context.Context, req ChatRequest) iter.Seq2[Chun
 			}
 			if bytes.Equal(data, done) {
 				// Read on to the end, so that the connection can be reused.
-				io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+				peek.Drain(resp.Body)
 				return
 			}
 			var ch struct {
@@ -137,9 +138,6 @@ func (c *Client) ChatStream(ctx context.Context, req ChatRequest) iter.Seq2[Chun
 
 // done is the data of the event that ends an OpenAI stream.
 var done = []byte("[DONE]")
-
-// maxDrain bounds what is read after the end of a stream.
-const maxDrain = 4 << 10
 
 // events returns the data of the server-sent events that r holds, and
 // io.ErrUnexpectedEOF if r ends before a "[DONE]" event, or a

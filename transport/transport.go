@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/peek"
 	"github.com/sluicehq/sluice/internal/wait"
 )
 
@@ -116,7 +117,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		code := 0
 		if resp != nil {
 			code = resp.StatusCode
-			if buf, whole := drain(resp.Body); whole {
+			if buf, whole := peek.Drain(resp.Body); whole {
 				kept := *resp
 				kept.Body = io.NopCloser(bytes.NewReader(buf))
 				last = &kept
@@ -314,7 +315,7 @@ type verdict struct {
 	// load (429, 503, 529, and a 403 that GitHub's headers say is one).
 	refused bool
 	// quotaExhausted: a refusal whose body says the quota is spent
-	// (peekBody, adaptive.ParseBody).
+	// (peek.Response, adaptive.ParseBody).
 	quotaExhausted bool
 }
 
@@ -324,7 +325,8 @@ type verdict struct {
 // MaxRetryAfter), slots already reserved included (see wait); and the
 // bucket learns it all for the fleet (bucket.Observe): every refusal, and
 // what accepted responses report about the quota, at most once per
-// observeEvery per key. Only a refusal's body is looked into (peekBody).
+// observeEvery per key. Only a refusal's body is looked into
+// (peek.Response).
 func (t *Transport) observe(ctx context.Context, key string, epoch uint64, resp *http.Response) verdict {
 	now := t.cfg.now()
 	var v verdict
@@ -333,7 +335,7 @@ func (t *Transport) observe(ctx context.Context, key string, epoch uint64, resp 
 	}
 	fb := adaptive.Parse(resp.StatusCode, resp.Header, now)
 	if v.refused = fb.Class != adaptive.Accepted; v.refused {
-		fb = fb.WithBody(adaptive.ParseBody(peekBody(resp)))
+		fb = fb.WithBody(adaptive.ParseBody(peek.Response(resp)))
 		v.quotaExhausted = fb.Class == adaptive.QuotaExhausted
 		if !v.asked && fb.RetryAfter > 0 {
 			v.retryAfter, v.asked = fb.RetryAfter, true

@@ -1,4 +1,8 @@
-package transport
+// Package peek reads the start of response bodies, bounded in bytes (Max)
+// and in time (Timeout): to look into a response before it is handed back
+// unread (Response), or to drain one that is discarded so that its
+// connection can be reused (Drain).
+package peek
 
 import (
 	"io"
@@ -6,29 +10,29 @@ import (
 	"time"
 )
 
-// maxDrain is the most read from a response before it is discarded, or
-// looked into before it is returned.
-const maxDrain = 4 << 10
+// Max is the most read from a response before it is discarded, or looked
+// into before it is returned: 4 KiB, as go-retryablehttp drains.
+const Max = 4 << 10
 
-// peekTimeout is the longest a response is read before it is discarded
-// (drain) or returned (peekBody). A provider writes a refusal's few hundred
+// Timeout is the longest a response is read before it is discarded
+// (Drain) or returned (Response). A provider writes a refusal's few hundred
 // bytes of JSON with its headers; a body that has not come whole in that
 // long is not worth holding a call (or a connection) for, however small:
 // without the bound, a body that stalls held RoundTrip until the context's
 // deadline, or forever.
-const peekTimeout = 250 * time.Millisecond
+const Timeout = 250 * time.Millisecond
 
-// drain reads at most maxDrain bytes of body, for at most peekTimeout, and
-// closes it, so that the connection can be reused when the rest was short.
-// It returns what it read and whether that was all of it.
-func drain(body io.ReadCloser) ([]byte, bool) {
+// Drain reads at most Max bytes of body, for at most Timeout, and closes
+// it, so that the connection can be reused when the rest was short. It
+// returns what it read and whether that was all of it.
+func Drain(body io.ReadCloser) ([]byte, bool) {
 	if body == nil || body == http.NoBody {
 		if body != nil {
 			body.Close()
 		}
 		return nil, true
 	}
-	buf := make([]byte, maxDrain+1)
+	buf := make([]byte, Max+1)
 	n, pending, err := readAhead(body, buf)
 	body.Close() // which ends a read still pending
 	if pending != nil {
@@ -37,15 +41,14 @@ func drain(body io.ReadCloser) ([]byte, bool) {
 	return buf[:n], err == io.EOF
 }
 
-// peekBody reads up to maxDrain bytes of resp's body, for at most
-// peekTimeout, and puts them back in front of the rest, so that the caller
-// still gets it unread. It returns what it read, or nil if the time ran
-// out first.
-func peekBody(resp *http.Response) []byte {
+// Response reads up to Max bytes of resp's body, for at most Timeout, and
+// puts them back in front of the rest, so that the caller still gets it
+// unread. It returns what it read, or nil if the time ran out first.
+func Response(resp *http.Response) []byte {
 	if resp.Body == nil || resp.Body == http.NoBody {
 		return nil
 	}
-	buf := make([]byte, maxDrain)
+	buf := make([]byte, Max)
 	n, pending, err := readAhead(resp.Body, buf)
 	resp.Body = &peekedBody{ahead: buf[:n], rest: buf[n:], pending: pending, err: err, body: resp.Body}
 	if pending != nil {
@@ -61,11 +64,11 @@ type readResult struct {
 }
 
 // readAhead reads body into buf until buf is full, body ends or fails, or
-// peekTimeout has passed. It returns how much it read and the error that
+// Timeout has passed. It returns how much it read and the error that
 // ended the reading (nil if buf is full). If the time ran out, the Read in
 // flight goes on into buf[n:], and pending will receive its result.
 func readAhead(body io.Reader, buf []byte) (n int, pending <-chan readResult, err error) {
-	timer := time.NewTimer(peekTimeout)
+	timer := time.NewTimer(Timeout)
 	defer timer.Stop()
 	for n < len(buf) {
 		ch := make(chan readResult, 1)
@@ -86,7 +89,7 @@ func readAhead(body io.Reader, buf []byte) (n int, pending <-chan readResult, er
 	return n, nil, nil
 }
 
-// peekedBody is a response body of which peekBody read ahead: it gives the
+// peekedBody is a response body of which Response read ahead: it gives the
 // bytes read, then those of the Read that was still in flight, if any, then
 // the rest of body. Close closes body, which ends a Read in flight.
 type peekedBody struct {
