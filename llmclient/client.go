@@ -1,15 +1,12 @@
 package llmclient
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"iter"
-	"math"
 	"net/http"
 	"strings"
 
@@ -107,31 +104,53 @@ func (c *Client) ChatStream(ctx context.Context, req ChatRequest) iter.Seq2[Chun
 			return
 		}
 		defer resp.Body.Close()
-		for data, err := range events(resp.Body, c.maxRead) {
-			if err != nil {
-				yield(Chunk{}, fmt.Errorf("llmclient: reading the stream: %w", err))
-				return
-			}
-			if bytes.Equal(data, done) {
-				// Read on to the end, so that the connection can be reused.
-				peek.Drain(resp.Body)
-				return
+		var (
+			finished bool  // its "[DONE]" came
+			left     bool  // the caller left the loop
+			fail     error // what ended it otherwise
+		)
+		dec := sseDecoder{limit: c.maxRead, event: func(data []byte, tooLarge bool) bool {
+			switch {
+			case tooLarge:
+				fail = fmt.Errorf("llmclient: reading the stream: %w", &TooLargeError{Limit: c.maxRead})
+				return false
+			case bytes.Equal(data, done):
+				finished = true
+				return false
 			}
 			var ch struct {
 				Chunk
 				errorBody
 			}
 			if err := json.Unmarshal(data, &ch); err != nil {
-				yield(Chunk{}, fmt.Errorf("llmclient: decoding a chunk: %w", err))
-				return
+				fail = fmt.Errorf("llmclient: decoding a chunk: %w", err)
+				return false
 			}
 			if ch.Error != nil {
-				yield(Chunk{}, newAPIError(resp.StatusCode, resp.Header, data, c.apiKey))
-				return
+				fail = newAPIError(resp.StatusCode, resp.Header, data, c.apiKey)
+				return false
 			}
-			if !yield(ch.Chunk, nil) {
-				return
+			left = !yield(ch.Chunk, nil)
+			return !left
+		}}
+		buf := make([]byte, streamRead)
+		for !dec.stopped && fail == nil {
+			n, err := resp.Body.Read(buf)
+			dec.Write(buf[:n])
+			switch {
+			case dec.stopped:
+			case err == io.EOF:
+				fail = fmt.Errorf("llmclient: reading the stream: %w", io.ErrUnexpectedEOF)
+			case err != nil:
+				fail = fmt.Errorf("llmclient: reading the stream: %w", err)
 			}
+		}
+		switch {
+		case fail != nil:
+			yield(Chunk{}, fail)
+		case finished:
+			// Read on to the end, so that the connection can be reused.
+			peek.Drain(resp.Body)
 		}
 	}
 }
@@ -139,47 +158,8 @@ func (c *Client) ChatStream(ctx context.Context, req ChatRequest) iter.Seq2[Chun
 // done is the data of the event that ends an OpenAI stream.
 var done = []byte("[DONE]")
 
-// events returns the data of the server-sent events that r holds, and
-// io.ErrUnexpectedEOF if r ends before a "[DONE]" event, or a
-// *TooLargeError once a line or an event's data passes limit bytes.
-func events(r io.Reader, limit int64) iter.Seq2[[]byte, error] {
-	return func(yield func([]byte, error) bool) {
-		sc := bufio.NewScanner(r)
-		sc.Buffer(nil, int(min(limit, math.MaxInt-1)+1)) // a line of limit bytes, and its newline
-		var data []byte
-		for sc.Scan() {
-			line := sc.Bytes()
-			if len(line) == 0 {
-				if len(data) > 0 && !yield(data, nil) {
-					return
-				}
-				data = data[:0]
-				continue
-			}
-			v, ok := bytes.CutPrefix(line, []byte("data:"))
-			if !ok {
-				continue // a comment, or a field other than data
-			}
-			v = bytes.TrimPrefix(v, []byte(" "))
-			if int64(len(data))+1+int64(len(v)) > limit { // many data lines
-				yield(nil, &TooLargeError{Limit: limit})
-				return
-			}
-			if len(data) > 0 {
-				data = append(data, '\n')
-			}
-			data = append(data, v...)
-		}
-		err := sc.Err()
-		switch {
-		case err == nil:
-			err = io.ErrUnexpectedEOF
-		case errors.Is(err, bufio.ErrTooLong):
-			err = &TooLargeError{Limit: limit}
-		}
-		yield(nil, err)
-	}
-}
+// streamRead is how much of a stream is read at a time.
+const streamRead = 4 << 10
 
 // post sends body as JSON to the chat completions endpoint and returns the
 // response if it is a success.

@@ -43,7 +43,7 @@ func MeterUsage(resp *http.Response) transport.UsageMeter {
 	mt = strings.ToLower(strings.TrimSpace(mt))
 	switch {
 	case mt == "text/event-stream":
-		return &sseMeter{u: noUsage}
+		return newSSEMeter()
 	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
 		return &jsonMeter{u: noUsage}
 	}
@@ -211,100 +211,49 @@ const maxEvent = 1 << 20
 
 // sseMeter reads the usage of an event stream, one event at a time.
 type sseMeter struct {
-	line  []byte // the start of the current line, when it spans writes
-	long  bool   // the current line is too long to keep
-	data  []byte // the current event's data
-	over  bool   // the current event is too long: skipped
-	u     usage  // from noUsage, merged with every usage found
-	final bool   // a final usage was found: at the top level or in "response"
+	dec   sseDecoder
+	u     usage // from noUsage, merged with every usage found
+	final bool  // a final usage was found: at the top level or in "response"
 }
 
-func (m *sseMeter) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			m.addPartial(p)
-			break
-		}
-		if len(m.line) > 0 || m.long {
-			m.addPartial(p[:i])
-			m.endLine(m.line)
-		} else {
-			m.endLine(p[:i])
-		}
-		m.line, m.long = m.line[:0], false
-		p = p[i+1:]
-	}
-	return n, nil
+func newSSEMeter() *sseMeter {
+	m := &sseMeter{u: noUsage}
+	m.dec = sseDecoder{limit: maxEvent, event: m.event}
+	return m
 }
 
-// addPartial keeps b, a piece of a line that goes on in the next write.
-func (m *sseMeter) addPartial(b []byte) {
-	if m.long || len(m.line)+len(b) > maxEvent {
-		m.line, m.long = m.line[:0], true
-		return
-	}
-	m.line = append(m.line, b...)
-}
-
-// endLine processes a complete line, without its "\n".
-func (m *sseMeter) endLine(line []byte) {
-	if m.long {
-		m.over = true
-		return
-	}
-	line = bytes.TrimSuffix(line, []byte("\r"))
-	if len(line) == 0 {
-		m.dispatch()
-		return
-	}
-	v, ok := bytes.CutPrefix(line, []byte("data:"))
-	if !ok || m.over {
-		return
-	}
-	v = bytes.TrimPrefix(v, []byte(" "))
-	if len(m.data)+1+len(v) > maxEvent {
-		m.over = true
-		return
-	}
-	if len(m.data) > 0 {
-		m.data = append(m.data, '\n')
-	}
-	m.data = append(m.data, v...)
-}
+func (m *sseMeter) Write(p []byte) (int, error) { return m.dec.Write(p) }
 
 // tokensField is in every usage object, and in few other events.
 var tokensField = []byte(`_tokens"`)
 
-// dispatch ends the current event, reading its usage if it has one.
-func (m *sseMeter) dispatch() {
-	if !m.over && bytes.Contains(m.data, tokensField) {
-		type nested struct {
-			Usage usage `json:"usage"`
-		}
-		ev := struct {
-			Usage    usage  `json:"usage"`
-			Message  nested `json:"message"`
-			Response nested `json:"response"`
-		}{noUsage, nested{noUsage}, nested{noUsage}}
-		if json.Unmarshal(m.data, &ev) == nil {
-			m.u.merge(&ev.Message.Usage) // message_start's: not final
-			for _, u := range []*usage{&ev.Usage, &ev.Response.Usage} {
-				if m.u.merge(u) {
-					m.final = true
-				}
+// event reads the usage of an event, if it has one. An event too large to
+// keep is skipped.
+func (m *sseMeter) event(data []byte, tooLarge bool) bool {
+	if tooLarge || !bytes.Contains(data, tokensField) {
+		return true
+	}
+	type nested struct {
+		Usage usage `json:"usage"`
+	}
+	ev := struct {
+		Usage    usage  `json:"usage"`
+		Message  nested `json:"message"`
+		Response nested `json:"response"`
+	}{noUsage, nested{noUsage}, nested{noUsage}}
+	if json.Unmarshal(data, &ev) == nil {
+		m.u.merge(&ev.Message.Usage) // message_start's: not final
+		for _, u := range []*usage{&ev.Usage, &ev.Response.Usage} {
+			if m.u.merge(u) {
+				m.final = true
 			}
 		}
 	}
-	m.data, m.over = m.data[:0], false
+	return true
 }
 
 func (m *sseMeter) Cost() (bucket.Cost, bool) {
-	if len(m.line) > 0 || m.long { // a last line with no newline
-		m.endLine(m.line)
-	}
-	m.dispatch() // a last event with no blank line
+	m.dec.flush() // a last line with no newline, a last event with no blank line
 	if !m.final {
 		return nil, false
 	}
