@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/bucket"
 )
 
 func ExampleParse() {
@@ -17,8 +18,8 @@ func ExampleParse() {
 
 	f := adaptive.Parse(http.StatusTooManyRequests, h, time.Now())
 	fmt.Println(f.Class, f.RetryAfter)
-	fmt.Printf("%+v\n", f.Quotas[adaptive.Tokens])
-	rate, _ := f.Quotas[adaptive.Tokens].Rate()
+	fmt.Printf("%+v\n", f.Quotas[bucket.Tokens])
+	rate, _ := f.Quotas[bucket.Tokens].Rate()
 	fmt.Printf("%.0f tokens/s\n", rate)
 	// Output:
 	// rate_limited 1.5s
@@ -40,8 +41,8 @@ func ExampleParseBody() {
 		`"type":"insufficient_quota","param":null,"code":"insufficient_quota"}}`)
 	f = adaptive.Parse(http.StatusTooManyRequests, http.Header{}, time.Now())
 	f = f.WithBody(adaptive.ParseBody(body))
-	fmt.Println(f.Class, f.Throttled())
+	fmt.Println(f.Class)
 	// Output:
 	// rate_limited 3s
-	// quota_exhausted false
+	// quota_exhausted
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/dimension"
 )
 
 // statusOverloaded is the status Anthropic answers when it is overloaded.
@@ -106,7 +108,7 @@ func Parse(status int, h http.Header, now time.Time) Feedback {
 	qs.anthropic(h, now)
 	qs.ietf(h)
 	qs.ietfLegacy(h, now)
-	qs.put(Requests, gh)
+	qs.put(dimension.Requests, gh)
 	f.Quotas = qs
 	return f
 }
@@ -192,8 +194,8 @@ func quotaOf(limit, remaining string) Quota {
 
 // openAIHeaders are OpenAI's rate limit headers, by dimension.
 var openAIHeaders = [...]struct{ dim, limit, remaining, reset string }{
-	{Requests, "X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
-	{Tokens, "X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
+	{dimension.Requests, "X-Ratelimit-Limit-Requests", "X-Ratelimit-Remaining-Requests", "X-Ratelimit-Reset-Requests"},
+	{dimension.Tokens, "X-Ratelimit-Limit-Tokens", "X-Ratelimit-Remaining-Tokens", "X-Ratelimit-Reset-Tokens"},
 }
 
 func (s *quotaSet) openAI(h http.Header) {
@@ -206,10 +208,10 @@ func (s *quotaSet) openAI(h http.Header) {
 
 // anthropicHeaders are Anthropic's rate limit headers, by dimension.
 var anthropicHeaders = [...]struct{ dim, limit, remaining, reset string }{
-	{Requests, "Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"},
-	{Tokens, "Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"},
-	{InputTokens, "Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset"},
-	{OutputTokens, "Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset"},
+	{dimension.Requests, "Anthropic-Ratelimit-Requests-Limit", "Anthropic-Ratelimit-Requests-Remaining", "Anthropic-Ratelimit-Requests-Reset"},
+	{dimension.Tokens, "Anthropic-Ratelimit-Tokens-Limit", "Anthropic-Ratelimit-Tokens-Remaining", "Anthropic-Ratelimit-Tokens-Reset"},
+	{dimension.InputTokens, "Anthropic-Ratelimit-Input-Tokens-Limit", "Anthropic-Ratelimit-Input-Tokens-Remaining", "Anthropic-Ratelimit-Input-Tokens-Reset"},
+	{dimension.OutputTokens, "Anthropic-Ratelimit-Output-Tokens-Limit", "Anthropic-Ratelimit-Output-Tokens-Remaining", "Anthropic-Ratelimit-Output-Tokens-Reset"},
 }
 
 func (s *quotaSet) anthropic(h http.Header, now time.Time) {
@@ -281,7 +283,7 @@ func (s *quotaSet) ietf(h http.Header) {
 				continue
 			}
 		}
-		dim := Requests
+		dim := dimension.Requests
 		for i := range policies {
 			if p := &policies[i]; p.name == name {
 				dim, q.Limit, q.Window, p.used = p.dim, p.limit, p.window, true
@@ -307,7 +309,7 @@ func readPolicy(it sfItem) (policy, bool) {
 	if !ok || !okq || !q.isCount() {
 		return policy{}, false
 	}
-	p := policy{name: name, dim: Requests, limit: q.num}
+	p := policy{name: name, dim: dimension.Requests, limit: q.num}
 	if w, ok := it.param("w"); ok {
 		if p.window, ok = w.seconds(); !ok || p.window == 0 {
 			return policy{}, false
@@ -317,7 +319,7 @@ func readPolicy(it sfItem) (policy, bool) {
 		switch unit, _ := qu.text(); unit {
 		case "requests", "request": // the draft's registry spells it "request"
 		case "tokens":
-			p.dim = Tokens
+			p.dim = dimension.Tokens
 		default:
 			p.dim = ""
 		}
@@ -351,7 +353,7 @@ func (s *quotaSet) ietfLegacy(h http.Header, now time.Time) {
 			q.Reset = time.Duration(n) * time.Second
 		}
 	}
-	s.put(Requests, q)
+	s.put(dimension.Requests, q)
 }
 
 // firstCount returns the first member of the List in lines if it is an

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/bucket"
 )
 
 var now = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
@@ -81,8 +82,8 @@ func TestParse(t *testing.T) {
 				"x-ratelimit-remaining-requests", "59", "x-ratelimit-remaining-tokens", "149984",
 				"x-ratelimit-reset-requests", "1s", "x-ratelimit-reset-tokens", "6m0s"),
 			quotas: map[string]adaptive.Quota{
-				adaptive.Requests: quota(60, 59, time.Second, 0),
-				adaptive.Tokens:   quota(150000, 149984, 6*time.Minute, 0),
+				bucket.Requests: quota(60, 59, time.Second, 0),
+				bucket.Tokens:   quota(150000, 149984, 6*time.Minute, 0),
 			},
 		},
 		{
@@ -93,8 +94,8 @@ func TestParse(t *testing.T) {
 				"x-ratelimit-remaining-requests", "4999", "x-ratelimit-remaining-tokens", "159976",
 				"x-ratelimit-reset-requests", "12ms", "x-ratelimit-reset-tokens", "9ms"),
 			quotas: map[string]adaptive.Quota{
-				adaptive.Requests: quota(5000, 4999, 12*time.Millisecond, 0),
-				adaptive.Tokens:   quota(160000, 159976, 9*time.Millisecond, 0),
+				bucket.Requests: quota(5000, 4999, 12*time.Millisecond, 0),
+				bucket.Tokens:   quota(160000, 159976, 9*time.Millisecond, 0),
 			},
 		},
 		{
@@ -106,7 +107,7 @@ func TestParse(t *testing.T) {
 				"x-ratelimit-reset-tokens", "1m30.5s"),
 			retryAfter: 19876500 * time.Microsecond,
 			quotas: map[string]adaptive.Quota{
-				adaptive.Tokens: quota(30000, 0, 90500*time.Millisecond, 0),
+				bucket.Tokens: quota(30000, 0, 90500*time.Millisecond, 0),
 			},
 		},
 		{
@@ -114,15 +115,15 @@ func TestParse(t *testing.T) {
 			status: 200,
 			h:      header("x-ratelimit-remaining-requests", "7", "x-ratelimit-reset-tokens", "59.9s"),
 			quotas: map[string]adaptive.Quota{
-				adaptive.Requests: quota(0, 7, 0, 0),
-				adaptive.Tokens:   quota(0, -1, 59900*time.Millisecond, 0),
+				bucket.Requests: quota(0, 7, 0, 0),
+				bucket.Tokens:   quota(0, -1, 59900*time.Millisecond, 0),
 			},
 		},
 		{
 			name:   "OpenAI-compatible, reset in bare seconds",
 			status: 200,
 			h:      header("x-ratelimit-limit-requests", "100", "x-ratelimit-reset-requests", "12"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(100, -1, 12*time.Second, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(100, -1, 12*time.Second, 0)},
 		},
 		{
 			name:   "Azure's -1 is unknown",
@@ -143,7 +144,7 @@ func TestParse(t *testing.T) {
 			name:   "remaining above limit is clamped",
 			status: 200,
 			h:      header("x-ratelimit-limit-requests", "10", "x-ratelimit-remaining-requests", "12"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(10, 10, 0, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(10, 10, 0, 0)},
 		},
 		{
 			name:   "Anthropic, every dimension",
@@ -162,10 +163,10 @@ func TestParse(t *testing.T) {
 				"anthropic-ratelimit-output-tokens-remaining", "62000",
 				"anthropic-ratelimit-output-tokens-reset", "2026-05-01T11:59:00Z"), // past
 			quotas: map[string]adaptive.Quota{
-				adaptive.Requests:     quota(4000, 3201, 24*time.Second, time.Minute),
-				adaptive.Tokens:       quota(400000, 312000, 1500*time.Millisecond, time.Minute),
-				adaptive.InputTokens:  quota(320000, 250000, 2*time.Second, time.Minute),
-				adaptive.OutputTokens: quota(80000, 62000, 0, time.Minute),
+				bucket.Requests:     quota(4000, 3201, 24*time.Second, time.Minute),
+				bucket.Tokens:       quota(400000, 312000, 1500*time.Millisecond, time.Minute),
+				bucket.InputTokens:  quota(320000, 250000, 2*time.Second, time.Minute),
+				bucket.OutputTokens: quota(80000, 62000, 0, time.Minute),
 			},
 		},
 		{
@@ -176,7 +177,7 @@ func TestParse(t *testing.T) {
 				"anthropic-ratelimit-tokens-reset", "2026-05-01T12:00:07Z",
 				"anthropic-ratelimit-requests-reset", "tomorrow"),
 			retryAfter: 7 * time.Second,
-			quotas:     map[string]adaptive.Quota{adaptive.Tokens: quota(400000, 0, 7*time.Second, time.Minute)},
+			quotas:     map[string]adaptive.Quota{bucket.Tokens: quota(400000, 0, 7*time.Second, time.Minute)},
 		},
 		{
 			name:   "Anthropic 529 overloaded",
@@ -186,40 +187,40 @@ func TestParse(t *testing.T) {
 			name:   "IETF: policy and limit",
 			status: 200,
 			h:      header("RateLimit-Policy", `"fixedwindow";q=100;w=60`, "RateLimit", `"fixedwindow";r=99;t=50`),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(100, 99, 50*time.Second, time.Minute)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(100, 99, 50*time.Second, time.Minute)},
 		},
 		{
 			name:   "IETF: the reported policy wins over an unreported one",
 			status: 200,
 			h: header("RateLimit-Policy", `"hour";q=1000;w=3600, "day";q=5000;w=86400`,
 				"RateLimit", `"day";r=100;t=36000`),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(5000, 100, 10*time.Hour, 24*time.Hour)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(5000, 100, 10*time.Hour, 24*time.Hour)},
 		},
 		{
 			name:   "IETF: least remaining wins",
 			status: 200,
 			h: header("RateLimit-Policy", `"permin";q=50;w=60,"perhr";q=1000;w=3600`,
 				"RateLimit", `"permin";r=40;t=20, "perhr";r=30;t=1800`),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(1000, 30, 30*time.Minute, time.Hour)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(1000, 30, 30*time.Minute, time.Hour)},
 		},
 		{
 			name:   "IETF: policies alone, the lowest rate wins",
 			status: 200,
 			h:      header("RateLimit-Policy", `"permin";q=50;w=60,"perhr";q=1000;w=3600`),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(1000, -1, 0, time.Hour)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(1000, -1, 0, time.Hour)},
 		},
 		{
 			name:   "IETF: fields split over lines",
 			status: 200,
 			h: header("RateLimit-Policy", `"sliding";q=100;w=60;burst=1000`,
 				"RateLimit-Policy", `"fixed";q=5000;w=3600;burst=0`, "RateLimit", `"sliding";r=50;t=44`),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(100, 50, 44*time.Second, time.Minute)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(100, 50, 44*time.Second, time.Minute)},
 		},
 		{
 			name:   "IETF: limit without a policy, with a partition key",
 			status: 200,
 			h:      header("RateLimit", `"default";r=999;pk=:dHJpYWwxMjEzMjM=:`),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(0, 999, 0, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(0, 999, 0, 0)},
 		},
 		{
 			name:   "IETF: quota units",
@@ -227,13 +228,13 @@ func TestParse(t *testing.T) {
 			h: header("RateLimit-Policy",
 				`"peruser";q=65535;qu="content-bytes";w=10;pk=:sdfjLJUOUH==:, "tpm";q=100000;qu="tokens";w=60, "conc";q=5;qu="concurrent-requests", "b";q=1;qu=:tokens:`,
 				"RateLimit", `"peruser";r=100;t=1, "tpm";r=5000;t=12, "conc";r=0, "b";r=0`),
-			quotas: map[string]adaptive.Quota{adaptive.Tokens: quota(100000, 5000, 12*time.Second, time.Minute)},
+			quotas: map[string]adaptive.Quota{bucket.Tokens: quota(100000, 5000, 12*time.Second, time.Minute)},
 		},
 		{
 			name:   "IETF: draft 08 token names",
 			status: 200,
 			h:      header("RateLimit-Policy", `burst;q=100;w=60,daily;q=1000;w=86400`, "RateLimit", `daily;r=1;t=7`),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(1000, 1, 7*time.Second, 24*time.Hour)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(1000, 1, 7*time.Second, 24*time.Hour)},
 		},
 		{
 			name:   "IETF: malformed members are skipped",
@@ -241,7 +242,7 @@ func TestParse(t *testing.T) {
 			h: header("RateLimit-Policy",
 				`"neg";q=-1;w=1, "zero-window";q=1;w=0, "dec";q=1.5;w=1, ("in" "ner");q=1, "noq";w=1, "ok";q=100;w=60, 7;w=1`,
 				"RateLimit", `"ok";r=-1;t=1, "ok";r=5;t=-1, "ok";r=5;t=1.5, "ok";t=3, "ok";r=10;t=`),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(100, -1, 0, time.Minute)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(100, -1, 0, time.Minute)},
 		},
 		{
 			name:   "IETF: garbage",
@@ -257,20 +258,20 @@ func TestParse(t *testing.T) {
 			name:   "IETF, earlier drafts: separate headers",
 			status: 200,
 			h:      header("RateLimit-Limit", "100", "RateLimit-Remaining", "25", "RateLimit-Reset", "5"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(100, 25, 5*time.Second, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(100, 25, 5*time.Second, 0)},
 		},
 		{
 			name:   "IETF, earlier drafts: a limit with policies, a reset as a Unix time",
 			status: 200,
 			h: header("RateLimit-Limit", "10, 10;w=1, 50;w=60", "RateLimit-Remaining", "x",
 				"RateLimit-Reset", strconv.FormatInt(now.Unix()+30, 10)),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(10, -1, 30*time.Second, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(10, -1, 30*time.Second, 0)},
 		},
 		{
 			name:   "IETF, earlier drafts: a reset absurdly far is ignored",
 			status: 200,
 			h:      header("RateLimit-Remaining", "0", "RateLimit-Reset", "999999999999999"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(0, 0, 0, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(0, 0, 0, 0)},
 		},
 		{
 			name:   "GitHub, as documented",
@@ -278,7 +279,7 @@ func TestParse(t *testing.T) {
 			h: header("x-ratelimit-limit", "5000", "x-ratelimit-remaining", "4999",
 				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+3600, 10), "x-ratelimit-used", "1",
 				"x-ratelimit-resource", "core"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(5000, 4999, time.Hour, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(5000, 4999, time.Hour, 0)},
 		},
 		{
 			name:   "GitHub 403, primary limit: a pause until the reset",
@@ -286,7 +287,7 @@ func TestParse(t *testing.T) {
 			h: header("x-ratelimit-limit", "60", "x-ratelimit-remaining", "0",
 				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+42, 10), "x-ratelimit-used", "60"),
 			retryAfter: 42 * time.Second,
-			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(60, 0, 42*time.Second, 0)},
+			quotas:     map[string]adaptive.Quota{bucket.Requests: quota(60, 0, 42*time.Second, 0)},
 		},
 		{
 			name:   "GitHub 429, primary limit",
@@ -294,7 +295,7 @@ func TestParse(t *testing.T) {
 			h: header("x-ratelimit-limit", "60", "x-ratelimit-remaining", "0",
 				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+42, 10)),
 			retryAfter: 42 * time.Second,
-			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(60, 0, 42*time.Second, 0)},
+			quotas:     map[string]adaptive.Quota{bucket.Requests: quota(60, 0, 42*time.Second, 0)},
 		},
 		{
 			name:   "GitHub 403, secondary limit: Retry-After wins over the reset",
@@ -302,26 +303,26 @@ func TestParse(t *testing.T) {
 			h: header("retry-after", "60", "x-ratelimit-limit", "5000", "x-ratelimit-remaining", "0",
 				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+1800, 10)),
 			retryAfter: time.Minute,
-			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(5000, 0, 30*time.Minute, 0)},
+			quotas:     map[string]adaptive.Quota{bucket.Requests: quota(5000, 0, 30*time.Minute, 0)},
 		},
 		{
 			name:       "GitHub 403, secondary limit with quota left",
 			status:     403,
 			h:          header("retry-after", "60", "x-ratelimit-limit", "5000", "x-ratelimit-remaining", "4000"),
 			retryAfter: time.Minute,
-			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(5000, 4000, 0, 0)},
+			quotas:     map[string]adaptive.Quota{bucket.Requests: quota(5000, 4000, 0, 0)},
 		},
 		{
 			name:   "GitHub 403 with quota left is no refusal",
 			status: 403,
 			h:      header("x-ratelimit-limit", "5000", "x-ratelimit-remaining", "4000"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(5000, 4000, 0, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(5000, 4000, 0, 0)},
 		},
 		{
 			name:   "remaining 0 on a success is no pause",
 			status: 200,
 			h:      header("x-ratelimit-remaining", "0", "x-ratelimit-reset", "30"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(0, 0, 30*time.Second, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(0, 0, 30*time.Second, 0)},
 		},
 		{
 			name:   "Discord 429: reset-after wins over reset",
@@ -330,20 +331,20 @@ func TestParse(t *testing.T) {
 				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+9, 10)+".5", "x-ratelimit-reset-after", "1.250",
 				"x-ratelimit-bucket", "abcd1234", "x-ratelimit-scope", "user"),
 			retryAfter: 1250 * time.Millisecond,
-			quotas:     map[string]adaptive.Quota{adaptive.Requests: quota(5, 0, 1250*time.Millisecond, 0)},
+			quotas:     map[string]adaptive.Quota{bucket.Requests: quota(5, 0, 1250*time.Millisecond, 0)},
 		},
 		{
 			name:   "Discord: a fractional Unix reset",
 			status: 200,
 			h: header("x-ratelimit-limit", "5", "x-ratelimit-remaining", "4",
 				"x-ratelimit-reset", strconv.FormatInt(now.Unix()+2, 10)+".250"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(5, 4, 2250*time.Millisecond, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(5, 4, 2250*time.Millisecond, 0)},
 		},
 		{
 			name:   "X-RateLimit reset as seconds",
 			status: 200,
 			h:      header("x-ratelimit-limit", "100", "x-ratelimit-remaining", "3", "x-ratelimit-reset", "20"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(100, 3, 20*time.Second, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(100, 3, 20*time.Second, 0)},
 		},
 		{
 			name:   "X-RateLimit, malformed values are ignored",
@@ -355,7 +356,7 @@ func TestParse(t *testing.T) {
 			name:   "X-RateLimit, a reset absurdly far or past is none",
 			status: 403,
 			h:      header("x-ratelimit-remaining", "0", "x-ratelimit-reset", "99999999999999"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(0, 0, 0, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(0, 0, 0, 0)},
 		},
 		{
 			name:   "X-RateLimit and OpenAI's suffixed headers apart",
@@ -364,8 +365,8 @@ func TestParse(t *testing.T) {
 				"x-ratelimit-limit-requests", "60", "x-ratelimit-remaining-requests", "10",
 				"x-ratelimit-limit-tokens", "1000", "x-ratelimit-remaining-tokens", "900"),
 			quotas: map[string]adaptive.Quota{
-				adaptive.Requests: quota(60, 10, 0, 0),
-				adaptive.Tokens:   quota(1000, 900, 0, 0),
+				bucket.Requests: quota(60, 10, 0, 0),
+				bucket.Tokens:   quota(1000, 900, 0, 0),
 			},
 		},
 		{
@@ -373,7 +374,7 @@ func TestParse(t *testing.T) {
 			status: 200,
 			h: header("x-ratelimit-limit", "100", "x-ratelimit-remaining", "3", "x-ratelimit-reset", "20",
 				"ratelimit-limit", "100", "ratelimit-remaining", "5", "ratelimit-reset", "20"),
-			quotas: map[string]adaptive.Quota{adaptive.Requests: quota(100, 3, 20*time.Second, 0)},
+			quotas: map[string]adaptive.Quota{bucket.Requests: quota(100, 3, 20*time.Second, 0)},
 		},
 		{
 			name:   "Retry-After on a success is no pause",
@@ -550,7 +551,7 @@ func TestAnthropicRateIsPerMinute(t *testing.T) {
 		"anthropic-ratelimit-requests-limit", "50",
 		"anthropic-ratelimit-requests-remaining", "49",
 		"anthropic-ratelimit-requests-reset", "2026-05-01T12:00:02Z"), now)
-	r, ok := fb.Quotas[adaptive.Requests].Rate()
+	r, ok := fb.Quotas[bucket.Requests].Rate()
 	require.True(t, ok)
 	assert.InDelta(t, 50.0/60, r, 1e-9)
 }

@@ -47,7 +47,7 @@ func newAdaptation(p adaptive.Policy, dims []dim) adaptation {
 		limit:    wait.Seconds(window),
 		window:   max(wait.Seconds(window*p.ThresholdWindows), time.Microsecond),
 		span:     max(wait.Seconds(window*p.RecoveryWindows), time.Microsecond),
-		minEpoch: wait.Seconds(window * p.MinEpoch),
+		minEpoch: wait.Seconds(window * p.MinEpoch), // none if negative
 		hold:     wait.Seconds(window * p.HoldWindows),
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/law"
 )
 
 // gap drains key and returns the time between two successive reserved
@@ -75,7 +76,7 @@ func TestObserve(t *testing.T) {
 			})
 
 			t.Run("floor", func(t *testing.T) {
-				b := be.new(t, lim, bucket.WithPolicy(adaptive.Policy{Threshold: 1, Decrease: 0.5, Floor: 0.2, MinEpoch: 1e-9}))
+				b := be.new(t, lim, bucket.WithPolicy(adaptive.Policy{Threshold: 1, Decrease: 0.5, Floor: 0.2, MinEpoch: -1}))
 				for e := range uint64(6) {
 					require.NoError(t, b.Observe(ctx, "floor", rateLimited(e)))
 					be.advance(time.Microsecond)
@@ -86,19 +87,19 @@ func TestObserve(t *testing.T) {
 			})
 
 			t.Run("recovery", func(t *testing.T) {
-				for _, law := range []adaptive.Recovery{adaptive.Cubic, adaptive.Additive} {
-					p := adaptive.Policy{Recovery: law, Threshold: 1}.WithDefaults()
+				for _, rec := range []adaptive.Recovery{adaptive.Cubic, adaptive.Additive} {
+					p := law.WithDefaults(adaptive.Policy{Recovery: rec, Threshold: 1})
 					b := be.new(t, lim, bucket.WithPolicy(p))
-					key := "recover-" + law.String()
+					key := "recover-" + rec.String()
 					require.NoError(t, b.Observe(ctx, key, rateLimited(0)))
 					span := time.Duration(p.RecoveryWindows) * time.Second // window: 1 s
 					var now time.Duration
 					for _, at := range []time.Duration{0, 5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second} {
 						be.advance(at - now)
 						now = at
-						want := p.Fraction(p.Decrease, at, span) * 10
+						want := law.Fraction(p, p.Decrease, at, span) * 10
 						g, _ := gap(t, b, key)
-						assert.InEpsilon(t, 1/want, g.Seconds(), 0.001, "%v at %v", law, at)
+						assert.InEpsilon(t, 1/want, g.Seconds(), 0.001, "%v at %v", rec, at)
 					}
 				}
 			})
@@ -111,7 +112,7 @@ func TestObserve(t *testing.T) {
 				g, _ := gap(t, b, "reported")
 				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
 				require.NoError(t, b.Observe(ctx, "reported", adaptive.Feedback{Class: adaptive.RateLimited, Epoch: 1,
-					Quotas: map[string]adaptive.Quota{adaptive.Requests: {Limit: 8, Remaining: 0, Window: time.Second}}}))
+					Quotas: map[string]adaptive.Quota{bucket.Requests: {Limit: 8, Remaining: 0, Window: time.Second}}}))
 				be.advance(900 * time.Millisecond) // the debt of the slots reserved at 5/s is gone
 				g, e := gap(t, b, "reported")
 				assert.Equal(t, 125*time.Millisecond, g, "the reported 8/s, not halved")
@@ -244,7 +245,7 @@ func TestObserve(t *testing.T) {
 			t.Run("clamp to remaining and reported limit", func(t *testing.T) {
 				b := be.new(t, lim)
 				require.NoError(t, b.Observe(ctx, "quota", adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-					adaptive.Requests: {Limit: 4, Remaining: 2, Window: time.Second, Reset: 3 * time.Second},
+					bucket.Requests: {Limit: 4, Remaining: 2, Window: time.Second, Reset: 3 * time.Second},
 				}}))
 				assert.InDelta(t, 2, be.tokens(t, "quota")[bucket.Requests], 1e-6)
 				g, _ := gap(t, b, "quota")
@@ -254,8 +255,8 @@ func TestObserve(t *testing.T) {
 				// A report from another dimension or an unknown remaining
 				// changes nothing here.
 				require.NoError(t, b.Observe(ctx, "quota", adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-					adaptive.Tokens:   {Limit: 1, Remaining: 0},
-					adaptive.Requests: {Remaining: -1},
+					bucket.Tokens:   {Limit: 1, Remaining: 0},
+					bucket.Requests: {Remaining: -1},
 				}}))
 				assert.InDelta(t, 4, be.tokens(t, "quota")[bucket.Requests], 1e-6)
 			})
@@ -265,7 +266,7 @@ func TestObserve(t *testing.T) {
 				// 600 a minute, whole again at 10/s.
 				perMinute := func(rem float64) adaptive.Feedback {
 					return adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-						adaptive.Requests: {Limit: 600, Remaining: rem, Reset: time.Duration((600 - rem) / 10 * float64(time.Second))}}}
+						bucket.Requests: {Limit: 600, Remaining: rem, Reset: time.Duration((600 - rem) / 10 * float64(time.Second))}}}
 				}
 				require.NoError(t, b.Observe(ctx, "openai", perMinute(3)))
 				require.NoError(t, b.Observe(ctx, "openai", perMinute(500)))

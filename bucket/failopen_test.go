@@ -117,7 +117,7 @@ func TestReportsReplaceAndExpire(t *testing.T) {
 			b := be.new(t, bucket.Limit{Rate: 1, Burst: 100})
 			ctx := t.Context()
 			q := func(q adaptive.Quota) adaptive.Feedback {
-				return adaptive.Feedback{Quotas: map[string]adaptive.Quota{adaptive.Requests: q}}
+				return adaptive.Feedback{Quotas: map[string]adaptive.Quota{bucket.Requests: q}}
 			}
 			// A rate of 0.1/s for 500 s, then, after it, a burst alone.
 			require.NoError(t, b.Observe(ctx, "k", q(adaptive.Quota{Limit: 50, Remaining: -1, Window: 500 * time.Second})))
@@ -147,7 +147,7 @@ func TestReportsAgree(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			ctx := t.Context()
 			q := func(q adaptive.Quota) adaptive.Feedback {
-				return adaptive.Feedback{Quotas: map[string]adaptive.Quota{adaptive.Requests: q}}
+				return adaptive.Feedback{Quotas: map[string]adaptive.Quota{bucket.Requests: q}}
 			}
 			b := be.new(t, bucket.PerSecond(20))
 			require.NoError(t, b.Observe(ctx, "k", q(adaptive.Quota{Limit: 600, Remaining: 0, Window: time.Minute})))

@@ -5,13 +5,19 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/dimension"
 )
 
-// Dimension names used by the rest of sluice. Any other non-empty name works
-// too: a Cost is charged against the Limit configured for the same name.
+// Dimension names used by the rest of sluice: adaptive.Feedback reports the
+// quotas a provider states under them (Anthropic limits input and output
+// tokens apart as well as together). Any other non-empty name works too: a
+// Cost is charged against the Limit configured for the same name.
 const (
-	Requests = "requests"
-	Tokens   = "tokens"
+	Requests     = dimension.Requests
+	Tokens       = dimension.Tokens
+	InputTokens  = dimension.InputTokens
+	OutputTokens = dimension.OutputTokens
 )
 
 // Limit is a token bucket's shape: it refills at Rate tokens per second up to

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/internal/law"
 	"github.com/sluicehq/sluice/internal/wait"
 )
 
@@ -177,7 +178,7 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 		k.refused++
 		held := l.adapt.held(k.after, k.decreased, now)
 		if (k.refused >= l.adapt.policy.Threshold || held > 0) && (k.decreased.IsZero() || now.Sub(k.decreased) >= l.adapt.minEpoch) {
-			k.after = l.adapt.policy.Decreased(l.fraction(k, now), held)
+			k.after = law.Decreased(l.adapt.policy, l.fraction(k, now), held)
 			k.decreased = now
 			k.epoch++
 			k.refused = 0
@@ -292,7 +293,7 @@ func (l *Local) fraction(k *localKey, now time.Time) float64 {
 	if k.decreased.IsZero() {
 		return 1
 	}
-	return l.adapt.policy.Fraction(k.after, now.Sub(k.decreased), l.adapt.span)
+	return law.Fraction(l.adapt.policy, k.after, now.Sub(k.decreased), l.adapt.span)
 }
 
 // rate is dimension i's refill rate for k at fraction f.

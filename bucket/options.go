@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/internal/law"
 )
 
 // Option configures a bucket at construction. Each option says which
@@ -108,7 +109,7 @@ func WithPolicy(p adaptive.Policy) Option {
 		if err := p.Validate(); err != nil {
 			panic(err)
 		}
-		c.policy = p.WithDefaults()
+		c.policy = law.WithDefaults(p)
 	}}
 }
 

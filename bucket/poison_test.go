@@ -36,19 +36,19 @@ var poisons = []struct {
 	}},
 	{"reset 100000h", func(t *testing.T, b bucket.Bucket, key string) {
 		require.NoError(t, b.Observe(t.Context(), key, adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-			adaptive.Requests: {Limit: 1000, Remaining: 0, Reset: 100000 * time.Hour}}}))
+			bucket.Requests: {Limit: 1000, Remaining: 0, Reset: 100000 * time.Hour}}}))
 	}},
 	{"reset 2000000h", func(t *testing.T, b bucket.Bucket, key string) {
 		require.NoError(t, b.Observe(t.Context(), key, adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-			adaptive.Requests: {Limit: 1000, Remaining: 0, Reset: 2000000 * time.Hour}}}))
+			bucket.Requests: {Limit: 1000, Remaining: 0, Reset: 2000000 * time.Hour}}}))
 	}},
 	{"limit 1e-6 per second", func(t *testing.T, b bucket.Bucket, key string) {
 		require.NoError(t, b.Observe(t.Context(), key, adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-			adaptive.Requests: {Limit: 1e-6, Remaining: 0, Window: time.Second}}}))
+			bucket.Requests: {Limit: 1e-6, Remaining: 0, Window: time.Second}}}))
 	}},
 	{"window 1e6 s", func(t *testing.T, b bucket.Bucket, key string) {
 		require.NoError(t, b.Observe(t.Context(), key, adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-			adaptive.Requests: {Limit: 1, Remaining: 0, Window: 1e6 * time.Second}}}))
+			bucket.Requests: {Limit: 1, Remaining: 0, Window: 1e6 * time.Second}}}))
 	}},
 	{"retry-after 100000h", func(t *testing.T, b bucket.Bucket, key string) {
 		require.NoError(t, b.Observe(t.Context(), key, adaptive.Feedback{Class: adaptive.RateLimited,
@@ -56,7 +56,7 @@ var poisons = []struct {
 	}},
 	{"retry-after on a success", func(t *testing.T, b bucket.Bucket, key string) {
 		require.NoError(t, b.Observe(t.Context(), key, adaptive.Feedback{RetryAfter: time.Hour,
-			Quotas: map[string]adaptive.Quota{adaptive.Tokens: {Remaining: 5}}}))
+			Quotas: map[string]adaptive.Quota{bucket.Tokens: {Remaining: 5}}}))
 	}},
 }
 
@@ -115,7 +115,7 @@ func TestReportedLimitsHeal(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			b := be.new(t, bucket.PerSecond(10))
 			require.NoError(t, b.Observe(t.Context(), "k", adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-				adaptive.Requests: {Limit: 2, Remaining: 0, Reset: 23 * time.Hour}}}))
+				bucket.Requests: {Limit: 2, Remaining: 0, Reset: 23 * time.Hour}}}))
 			g, _ := gap(t, b, "k")
 			assert.Equal(t, 5*time.Second, g, "floored at 2% of the configured rate")
 			be.advance(121 * time.Second)

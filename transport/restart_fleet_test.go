@@ -264,7 +264,7 @@ func (b *recordingBucket) Reserve(ctx context.Context, key string, cost bucket.C
 
 func (b *recordingBucket) Observe(ctx context.Context, key string, fb adaptive.Feedback) error {
 	err := b.Bucket.Observe(ctx, key, fb)
-	if fb.Throttled() {
+	if fb.Class == adaptive.RateLimited || fb.Class == adaptive.Overloaded {
 		share := gobreaker.State(b.state.Load()) != gobreaker.StateClosed
 		b.mu.Lock()
 		if share {
