@@ -84,6 +84,11 @@ type Feedback struct {
 	// 503, 529), zero if it did not: a bucket pauses the key that long for
 	// the whole fleet.
 	RetryAfter time.Duration
+	// HasRetryAfter reports whether the refusal asked for a wait at all,
+	// RetryAfter zero included (a Retry-After of 0, or of a date past: a
+	// retry may go at once). A refusal that asks for none leaves the wait
+	// before a retry to the caller's backoff.
+	HasRetryAfter bool
 	// Quotas holds what the provider reported, by dimension: the bucket
 	// package's names (bucket.Requests, bucket.Tokens, and Anthropic's
 	// bucket.InputTokens and bucket.OutputTokens).

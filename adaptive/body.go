@@ -101,8 +101,8 @@ func (f Feedback) WithBody(b Body) Feedback {
 	if f.Class == RateLimited && b.QuotaExhausted {
 		f.Class = QuotaExhausted
 	}
-	if f.RetryAfter <= 0 {
-		f.RetryAfter = b.RetryAfter
+	if f.RetryAfter <= 0 && b.RetryAfter > 0 {
+		f.RetryAfter, f.HasRetryAfter = b.RetryAfter, true
 	}
 	return f
 }

@@ -49,6 +49,8 @@ func Read(resp *http.Response) Feedback {
 // itself; it is no reason to pause the fleet. A refusal without a
 // Retry-After whose X-RateLimit-Remaining is 0 asks for a wait until its
 // reset (X-RateLimit-Reset-After or X-RateLimit-Reset), as GitHub documents.
+// HasRetryAfter tells a refusal that asks for no wait (Retry-After: 0) from
+// one that asks for nothing.
 //
 // Quotas holds, by dimension, what these headers report, and is nil if they
 // report nothing:
@@ -85,22 +87,20 @@ func Read(resp *http.Response) Feedback {
 func Parse(status int, h http.Header, now time.Time) Feedback {
 	var f Feedback
 	gh := xRateLimit(h, now)
-	spent := gh.Remaining == 0
 	switch status {
-	case http.StatusTooManyRequests:
+	case http.StatusTooManyRequests, http.StatusForbidden:
 		f.Class = RateLimited
 	case http.StatusServiceUnavailable, statusOverloaded:
 		f.Class = Overloaded
-	case http.StatusForbidden:
-		if _, asked := RetryAfter(h, now); asked || spent {
-			f.Class = RateLimited
-		}
 	}
 	if f.Class != Accepted {
-		var asked bool
-		f.RetryAfter, asked = RetryAfter(h, now)
-		if !asked && spent {
-			f.RetryAfter = gh.Reset
+		f.RetryAfter, f.HasRetryAfter = RetryAfter(h, now)
+		switch spent := gh.Remaining == 0; {
+		case f.HasRetryAfter:
+		case spent:
+			f.RetryAfter, f.HasRetryAfter = gh.Reset, gh.Reset > 0
+		case status == http.StatusForbidden:
+			f.Class = Accepted // says neither: no rate limit
 		}
 	}
 	var qs quotaSet

@@ -416,6 +416,35 @@ func TestParseRetryAfterOnlyWhenThrottled(t *testing.T) {
 	}
 }
 
+// TestParseHasRetryAfter: a refusal that asks for no wait (Retry-After: 0,
+// a date past) is told from one that asks for nothing, or for nonsense; a
+// spent X-RateLimit quota's reset is a delay asked; nothing but a refusal
+// asks.
+func TestParseHasRetryAfter(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, tc := range []struct {
+		name   string
+		status int
+		h      http.Header
+		after  time.Duration
+		has    bool
+	}{
+		{"a delay", 429, header("Retry-After", "2"), 2 * time.Second, true},
+		{"no wait", 429, header("Retry-After", "0"), 0, true},
+		{"a date past", 503, header("Retry-After", now.Add(-time.Hour).UTC().Format(http.TimeFormat)), 0, true},
+		{"none", 429, header(), 0, false},
+		{"nonsense", 529, header("Retry-After", "soon"), 0, false},
+		{"a spent quota's reset", 403, header("X-RateLimit-Remaining", "0", "X-RateLimit-Reset-After", "5"), 5 * time.Second, true},
+		{"a spent quota with no reset", 429, header("X-RateLimit-Remaining", "0"), 0, false},
+		{"not a refusal", 500, header("Retry-After", "0"), 0, false},
+		{"a 403 that is no rate limit", 403, header(), 0, false},
+	} {
+		f := adaptive.Parse(tc.status, tc.h, now)
+		assert.Equal(t, tc.after, f.RetryAfter, tc.name)
+		assert.Equal(t, tc.has, f.HasRetryAfter, tc.name)
+	}
+}
+
 func TestReadDoesNotTouchBody(t *testing.T) {
 	body := &trapBody{}
 	resp := &http.Response{StatusCode: 429, Header: header("Retry-After", "2"), Body: body}
