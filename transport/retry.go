@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/internal/wait"
 )
 
@@ -125,44 +127,120 @@ func (r Retry) withDefaults() Retry {
 	return r
 }
 
-// newBackOff returns a fresh ExponentialBackOff for one request (it is not
-// safe for concurrent use). Randomization is left to jitter, which only adds.
-func (r *Retry) newBackOff() *backoff.ExponentialBackOff {
-	return backoff.NewExponentialBackOff(
+// reason is why decide retries an attempt, or why it does not.
+type reason uint8
+
+const (
+	retryAsked   reason = iota // after the delay the response asked for
+	retryBackoff               // after the next backoff interval
+	// The attempt is final: a success, a status or an error not retried,
+	// the last attempt, a body that cannot be replayed, a request that is
+	// not idempotent, or an x-should-retry: false.
+	final
+	finalQuota      // the quota is exhausted: no wait will cure it
+	finalRetryAfter // the response asks for more than MaxRetryAfter
+	finalDeadline   // the retry would start after the context's deadline
+)
+
+// retry reports whether the attempt is retried.
+func (w reason) retry() bool { return w < final }
+
+// logged reports whether the reason to return a failed response is worth
+// a log line: one the caller may not expect from the response alone.
+func (w reason) logged() bool { return w > final }
+
+func (w reason) String() string {
+	switch w {
+	case retryAsked:
+		return "after the delay asked"
+	case retryBackoff:
+		return "after a backoff"
+	case final:
+		return "final"
+	case finalQuota:
+		return "quota exhausted"
+	case finalRetryAfter:
+		return "Retry-After too long"
+	case finalDeadline:
+		return "the retry would pass the deadline"
+	}
+	return "reason(" + strconv.Itoa(int(w)) + ")"
+}
+
+// decide says whether attempt n of req, which ended with rep or err, is
+// retried, and after how long: the delay rep asks for, or else the next
+// backoff interval (backoffs were taken before), plus jitter drawn from u,
+// uniform in [0, 1); now is the time, for ctx's deadline. It is a function
+// of its arguments: it logs nothing, and changes nothing. For a final
+// reason the delay is the one the retry would have waited, if any.
+func (r *Retry) decide(ctx context.Context, req *http.Request, n int, rep reply, err error, backoffs int, now time.Time, u float64) (time.Duration, reason) {
+	if n >= r.MaxAttempts || !replayable(req) {
+		return 0, final
+	}
+	if err != nil {
+		if !retryableError(ctx, err) || !(r.NonIdempotent || idempotent(req)) {
+			return 0, final
+		}
+	} else if ok, why := r.retryable(req, rep); !ok {
+		return 0, why
+	}
+	d, why := rep.after, retryAsked
+	switch {
+	case !rep.asked:
+		d, why = r.backoff(backoffs+1), retryBackoff
+	case d > r.MaxRetryAfter:
+		return d, finalRetryAfter
+	}
+	d = r.jitter(d, u)
+	if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
+		return d, finalDeadline
+	}
+	return d, why
+}
+
+// retryable reports whether the response rep describes may be retried,
+// by its status and headers (see Retry), and if not, why not.
+func (r *Retry) retryable(req *http.Request, rep reply) (ok bool, why reason) {
+	switch {
+	case rep.status < http.StatusBadRequest || rep.shouldRetry == retryNo:
+		return false, final
+	case rep.shouldRetry == retryYes:
+		return true, 0
+	case rep.fb.Class == adaptive.QuotaExhausted:
+		return false, finalQuota
+	case rep.fb.Class != adaptive.Accepted:
+		// Turned away for rate or load before it was processed: any
+		// method may go again.
+		return true, 0
+	}
+	switch rep.status {
+	case http.StatusRequestTimeout, http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
+		if r.NonIdempotent || idempotent(req) {
+			return true, 0
+		}
+	}
+	return false, final
+}
+
+// backoff returns the k-th backoff interval (k >= 1):
+// InitialInterval·Multiplier^(k-1), at most MaxInterval. It is what the
+// k-th NextBackOff of a fresh backoff/v4 ExponentialBackOff without
+// randomization returns (jitter adds the randomness, upward only): a fresh
+// one, replayed, keeps this a function of k, and the ExponentialBackOff
+// (not safe for concurrent use) never shared.
+func (r *Retry) backoff(k int) time.Duration {
+	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(r.InitialInterval),
 		backoff.WithRandomizationFactor(0),
 		backoff.WithMultiplier(r.Multiplier),
 		backoff.WithMaxInterval(r.MaxInterval),
 		backoff.WithMaxElapsedTime(0),
 	)
-}
-
-// statusOverloaded is the status some providers (Anthropic) use for an
-// overloaded upstream.
-const statusOverloaded = 529
-
-// retryableStatus reports whether a response with this status may be
-// retried, before x-should-retry and the quota check: always (rejected
-// before processing), only if idempotent, or never.
-func retryableStatus(code int) (always, ifIdempotent bool) {
-	switch code {
-	case http.StatusTooManyRequests, http.StatusServiceUnavailable, statusOverloaded:
-		return true, false
-	case http.StatusRequestTimeout, http.StatusInternalServerError, http.StatusBadGateway, http.StatusGatewayTimeout:
-		return false, true
+	var d time.Duration
+	for range k {
+		d = bo.NextBackOff()
 	}
-	return false, false
-}
-
-// shouldRetryHeader returns the verdict of x-should-retry, if it gives one.
-func shouldRetryHeader(h http.Header) (retry, ok bool) {
-	switch h.Get("X-Should-Retry") {
-	case "true":
-		return true, true
-	case "false":
-		return false, true
-	}
-	return false, false
+	return min(d, r.MaxInterval)
 }
 
 // idempotent reports whether req may be sent twice with no harm.

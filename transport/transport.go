@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/adaptive"
@@ -83,6 +82,10 @@ func (t *Transport) CloseIdleConnections() {
 // bucket or GetBody fails) the previous response is returned instead, with
 // a nil error, if it was short enough (4 KiB) to be kept in memory and
 // came whole within 250ms.
+//
+// Each attempt's response is read once, into a reply (see read): the
+// pause of its key, what the bucket is told, and the retry (see
+// Retry.decide) are all decided from that.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	key := t.cfg.key(req)
@@ -91,11 +94,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cost = t.cfg.cost(req)
 	}
 	var (
-		bo   *backoff.ExponentialBackOff // made at the first backoff
-		last *http.Response              // the discarded response, kept in memory
+		backoffs int            // retries so far after a backoff interval
+		last     *http.Response // the discarded response, kept in memory
 	)
 	for n := 1; ; n++ {
-		resp, v, sent, err := t.attempt(ctx, req, key, cost, n)
+		resp, rep, sent, err := t.attempt(ctx, req, key, cost, n)
 		if !sent {
 			if n == 1 && req.Body != nil {
 				req.Body.Close() // a RoundTripper always closes the body
@@ -110,23 +113,28 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		last = nil
-		delay, retry := t.retryDelay(ctx, req, resp, v, err, n, &bo)
-		if !retry {
+		delay, why := t.cfg.retry.decide(ctx, req, n, rep, err, backoffs, t.cfg.now(), t.cfg.rand())
+		if !why.retry() {
+			if l := t.logger(ctx); l != nil && why.logged() {
+				logReq(ctx, l, req, "sluice: not retrying: "+why.String(), slog.Int("attempt", n),
+					slog.Int("status", rep.status), slog.Duration("delay", delay))
+			}
 			return t.metered(ctx, key, cost, resp), err
 		}
-		code := 0
+		if why == retryBackoff {
+			backoffs++
+		}
 		if resp != nil {
-			code = resp.StatusCode
 			if buf, whole := peek.Drain(resp.Body); whole {
 				kept := *resp
 				kept.Body = io.NopCloser(bytes.NewReader(buf))
 				last = &kept
 			}
 		}
-		t.metrics.retry(ctx, code)
+		t.metrics.retry(ctx, rep.status)
 		if l := t.logger(ctx); l != nil {
-			logReq(ctx, l, req, "sluice: retrying", slog.Int("attempt", n), slog.Int("status", code),
-				slog.Duration("delay", delay), errAttr(err))
+			logReq(ctx, l, req, "sluice: retrying", slog.Int("attempt", n), slog.Int("status", rep.status),
+				slog.Duration("delay", delay), slog.String("reason", why.String()), errAttr(err))
 		}
 		if err := t.cfg.sleep(ctx, delay); err != nil {
 			return nil, err
@@ -136,20 +144,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // attempt makes attempt n of req: it waits for key's pause and the bucket,
 // asks the breaker, and sends a clone of req through base. sent reports
-// whether it got as far as base. err is nil whenever resp is not; v is what
-// observe learnt from resp.
-func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, cost bucket.Cost, n int) (resp *http.Response, v verdict, sent bool, err error) {
+// whether it got as far as base. err is nil whenever resp is not, and then
+// rep is what resp said (read), already acted on (observe).
+func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, cost bucket.Cost, n int) (resp *http.Response, rep reply, sent bool, err error) {
 	if t.breaker != nil {
 		if err := t.breaker.open(); err != nil {
 			t.metrics.attempt(ctx, outcomeBreakerOpen)
-			return nil, v, false, err
+			return nil, rep, false, err
 		}
 	}
 	start := t.cfg.now()
 	epoch, err := t.wait(ctx, key, cost, start)
 	if err != nil {
 		t.metrics.attempt(ctx, waitOutcome(ctx, err))
-		return nil, v, false, err
+		return nil, rep, false, err
 	}
 	waited := t.cfg.now().Sub(start)
 	t.metrics.waited(ctx, waited)
@@ -159,7 +167,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 		if body, err = req.GetBody(); err != nil {
 			t.refund(ctx, key, cost)
 			t.metrics.attempt(ctx, outcomeError)
-			return nil, v, false, fmt.Errorf("transport: GetBody: %w", err)
+			return nil, rep, false, fmt.Errorf("transport: GetBody: %w", err)
 		}
 	}
 	var done func(error)
@@ -170,7 +178,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 			}
 			t.refund(ctx, key, cost)
 			t.metrics.attempt(ctx, outcomeBreakerOpen)
-			return nil, v, false, err
+			return nil, rep, false, err
 		}
 	}
 
@@ -201,15 +209,17 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 			logReq(ctx, l, req, "sluice: attempt failed", slog.Int("attempt", n),
 				slog.Duration("waited", waited), errAttr(err))
 		}
-		return nil, v, true, err
+		return nil, rep, true, err
 	}
 	t.metrics.attempt(ctx, responseOutcome(resp.StatusCode))
-	v = t.observe(ctx, key, epoch, resp)
+	now := t.cfg.now()
+	rep = read(resp, now)
+	t.observe(ctx, key, epoch, rep, now)
 	if l := t.logger(ctx); l != nil {
 		logReq(ctx, l, req, "sluice: attempt", slog.Int("attempt", n),
 			slog.Duration("waited", waited), slog.Int("status", resp.StatusCode))
 	}
-	return resp, v, true, nil
+	return resp, rep, true, nil
 }
 
 // wait holds the attempt back until key's pause is over and the bucket has
@@ -301,48 +311,68 @@ func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
 	}
 }
 
-// verdict is what observe learns from a response for retryDelay, so that
-// the response is read once: its body is peeked into at most once, and the
-// pause and the retry follow from one reading of its Retry-After.
-type verdict struct {
-	// retryAfter is the delay a response of status 400 or more asks for
-	// (adaptive.RetryAfter), if asked; for a refusal whose headers ask for
-	// none, the delay its body asks for or the reset of its spent
-	// X-RateLimit quota (adaptive.Feedback.RetryAfter), if any.
-	retryAfter time.Duration
-	asked      bool
-	// refused: adaptive.Parse took the response for a refusal for rate or
-	// load (429, 503, 529, and a 403 that GitHub's headers say is one).
-	refused bool
-	// quotaExhausted: a refusal whose body says the quota is spent
-	// (peek.Response, adaptive.ParseBody).
-	quotaExhausted bool
+// reply is what a response said, read once (read): everything the
+// Transport does about a response, it decides from its reply.
+type reply struct {
+	status int
+	// fb is what the response says about the limit (adaptive.Parse); for a
+	// refusal for rate or load (fb.Class is not Accepted: a 429, 503 or
+	// 529, or a 403 that GitHub's headers say is one), amended by what the
+	// start of its body says (peek.Response, adaptive.ParseBody): a spent
+	// quota, a delay.
+	fb adaptive.Feedback
+	// after is the delay the response asks for before this request is
+	// tried again, if it asks (asked): a refusal's fb.RetryAfter; for any
+	// other status of 400 or more, its Retry-After (adaptive.RetryAfter).
+	after time.Duration
+	asked bool
+	// shouldRetry is what an x-should-retry header on a status of 400 or
+	// more says: a retry or none, whatever the status.
+	shouldRetry verdict
 }
 
-// observe reads what resp says about the limit. A 429, 503 or 529 (or a
-// 403 that says it is a rate limit) with a Retry-After, or whose body asks
-// for a delay, holds key back in this process for that long (at most
-// MaxRetryAfter), slots already reserved included (see wait); and the
-// bucket learns it all for the fleet (bucket.Observe): every refusal, and
-// what accepted responses report about the quota, at most once per
-// observeEvery per key. Only a refusal's body is looked into
-// (peek.Response).
-func (t *Transport) observe(ctx context.Context, key string, epoch uint64, resp *http.Response) verdict {
-	now := t.cfg.now()
-	var v verdict
-	if resp.StatusCode >= http.StatusBadRequest {
-		v.retryAfter, v.asked = adaptive.RetryAfter(resp.Header, now)
+// verdict is a header's say on a retry.
+type verdict uint8
+
+const (
+	noVerdict verdict = iota
+	retryYes
+	retryNo
+)
+
+// read reads resp once into a reply, at time now. Only a refusal's body is
+// looked into, at most peek.Max bytes for at most peek.Timeout, and
+// handed back to the caller unread.
+func read(resp *http.Response, now time.Time) reply {
+	r := reply{status: resp.StatusCode, fb: adaptive.Parse(resp.StatusCode, resp.Header, now)}
+	if resp.StatusCode < http.StatusBadRequest {
+		return r
 	}
-	fb := adaptive.Parse(resp.StatusCode, resp.Header, now)
-	if v.refused = fb.Class != adaptive.Accepted; v.refused {
-		fb = fb.WithBody(adaptive.ParseBody(peek.Response(resp)))
-		v.quotaExhausted = fb.Class == adaptive.QuotaExhausted
-		if !v.asked && fb.RetryAfter > 0 {
-			v.retryAfter, v.asked = fb.RetryAfter, true
-		}
+	if r.fb.Class != adaptive.Accepted {
+		r.fb = r.fb.WithBody(adaptive.ParseBody(peek.Response(resp)))
+		r.after, r.asked = r.fb.RetryAfter, r.fb.HasRetryAfter
+	} else {
+		r.after, r.asked = adaptive.RetryAfter(resp.Header, now)
 	}
+	switch resp.Header.Get("X-Should-Retry") {
+	case "true":
+		r.shouldRetry = retryYes
+	case "false":
+		r.shouldRetry = retryNo
+	}
+	return r
+}
+
+// observe acts on what rep says about the limit, at time now. A refusal
+// that asks for a delay (a Retry-After, or one its body states) holds key
+// back in this process for that long (at most MaxRetryAfter), slots
+// already reserved included (see wait); and the bucket learns it all for
+// the fleet (bucket.Observe): every refusal, and what accepted responses
+// report about the quota, at most once per observeEvery per key.
+func (t *Transport) observe(ctx context.Context, key string, epoch uint64, rep reply, now time.Time) {
+	fb := rep.fb
 	if fb.Empty() {
-		return v
+		return
 	}
 	fb.Epoch = epoch
 	// Parse reads a Retry-After from a refusal only: nothing else pauses
@@ -352,79 +382,13 @@ func (t *Transport) observe(ctx context.Context, key string, epoch uint64, resp 
 		t.pauses.pause(key, now.Add(fb.RetryAfter), now)
 	}
 	if t.cfg.bucket == nil || fb.Class == adaptive.Accepted && !t.sampler.due(key, now) {
-		return v
+		return
 	}
 	octx, cancel := wait.Detached(ctx)
 	defer cancel()
 	if err := t.cfg.bucket.Observe(octx, key, fb); err != nil {
 		t.debugKey(ctx, "sluice: observe failed", errAttr(err))
 	}
-	return v
-}
-
-// retryDelay decides whether attempt n, which ended with resp (of which
-// observe learnt v) or err, is retried (see Retry) and after how long.
-func (t *Transport) retryDelay(ctx context.Context, req *http.Request, resp *http.Response, v verdict, err error, n int, bo **backoff.ExponentialBackOff) (time.Duration, bool) {
-	r := &t.cfg.retry
-	if n >= r.MaxAttempts || !replayable(req) {
-		return 0, false
-	}
-	if err != nil {
-		if !retryableError(ctx, err) || !(r.NonIdempotent || idempotent(req)) {
-			return 0, false
-		}
-	} else {
-		if resp.StatusCode < 400 {
-			return 0, false
-		}
-		if yes, ok := shouldRetryHeader(resp.Header); ok {
-			if !yes {
-				return 0, false
-			}
-		} else {
-			switch always, ifIdempotent := retryableStatus(resp.StatusCode); {
-			case always || v.refused:
-				if v.quotaExhausted {
-					if l := t.logger(ctx); l != nil {
-						logReq(ctx, l, req, "sluice: quota exhausted, not retrying", slog.Int("attempt", n))
-					}
-					return 0, false
-				}
-			case ifIdempotent:
-				if !r.NonIdempotent && !idempotent(req) {
-					return 0, false
-				}
-			default:
-				return 0, false
-			}
-		}
-	}
-
-	var d time.Duration
-	if v.asked {
-		if v.retryAfter > r.MaxRetryAfter {
-			if l := t.logger(ctx); l != nil {
-				logReq(ctx, l, req, "sluice: Retry-After too long, not retrying", slog.Int("attempt", n),
-					slog.Duration("retry_after", v.retryAfter))
-			}
-			return 0, false
-		}
-		d = v.retryAfter
-	} else {
-		if *bo == nil {
-			*bo = r.newBackOff()
-		}
-		d = min((*bo).NextBackOff(), r.MaxInterval)
-	}
-	d = r.jitter(d, t.cfg.rand())
-	if dl, ok := ctx.Deadline(); ok && t.cfg.now().Add(d).After(dl) {
-		if l := t.logger(ctx); l != nil {
-			logReq(ctx, l, req, "sluice: retry would pass the deadline, not retrying", slog.Int("attempt", n),
-				slog.Duration("delay", d))
-		}
-		return 0, false
-	}
-	return d, true
 }
 
 // breakerChanged records and logs a state change of the breaker.
