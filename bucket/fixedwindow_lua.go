@@ -13,17 +13,15 @@ package bucket
 // ARGV of every script: operation-specific values, then one triple per key:
 // window (µs), burst, amount.
 
-// fixedWindowIndex defines index(at, w) = floor(at / w), and now. The
+// fixedWindowIndex defines index(at, w) = floor(at / w), after luaWindow. The
 // division cannot round up to an integer k for integers with at + w < 2^53:
 // at/w = k - e with e >= 1/w, while rounding moves a quotient below k by at
 // most half an ulp of k, k·2^-53, which is less than 1/w as k·w < at + w.
 // Times stay below 2^52 µs until 2112, and windows are at most 2^52 µs.
-const fixedWindowIndex = luaNum + `
+const fixedWindowIndex = luaWindow + `
 local function index(at, w)
   return math.floor(at / w)
 end
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
 `
 
 // fixedReserveScript counts each KEYS[i]'s amount in the first window,
@@ -81,7 +79,7 @@ for i = 1, n do
   for g in pairs(c) do
     last = math.max(last, tonumber(g))
   end
-  redis.call('PEXPIRE', key, string.format('%d', math.ceil(((last + 1) * w - now) / 1000) + 1000))
+  expireAfter(key, (last + 1) * w)
 end
 return wait
 `)
@@ -111,30 +109,28 @@ for i, key in ipairs(KEYS) do
     count[f] = (count[f] or 0) + delta
     redis.call('HSET', key, f, num(count[f]))
   else
-    local r = -delta
     table.sort(fields, function(a, b) return tonumber(a) > tonumber(b) end)
-    for _, f in ipairs(fields) do
-      if r <= 0 then
-        break
-      end
-      local c = count[f]
-      if c <= r then
+    local amounts = {}
+    for k, f in ipairs(fields) do
+      amounts[k] = count[f]
+    end
+    takeBack(-delta, amounts, function(k, a)
+      local f = fields[k]
+      if a == 0 then
         redis.call('HDEL', key, f)
         count[f] = nil
-        r = r - c
       else
-        count[f] = c - r
-        redis.call('HSET', key, f, num(count[f]))
-        r = 0
+        count[f] = a
+        redis.call('HSET', key, f, num(a))
       end
-    end
+    end)
   end
   local last
   for f in pairs(count) do
     last = math.max(last or tonumber(f), tonumber(f))
   end
   if last then
-    redis.call('PEXPIRE', key, string.format('%d', math.ceil(((last + 1) * w - now) / 1000) + 1000))
+    expireAfter(key, (last + 1) * w)
   end
 end
 return 1
@@ -144,11 +140,8 @@ return 1
 // burst minus its count, as strings, changing nothing. ARGV has only the
 // triples; the amounts are unused.
 var fixedTokensScript = newScript(fixedWindowIndex + `
-local out = {}
-for i, key in ipairs(KEYS) do
-  local w, burst = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1])
+return left(function(key, w)
   local c = redis.call('HGET', key, string.format('%d', index(now, w)))
-  out[i] = string.format('%.17g', burst - (c and tonumber(c) or 0))
-end
-return out
+  return c and tonumber(c) or 0
+end)
 `)

@@ -12,10 +12,8 @@ package bucket
 // ARGV of every script: operation-specific values, then one triple per key:
 // window (µs), burst, amount.
 
-// slidingLogHead reads the clock and parses members.
-const slidingLogHead = luaNum + `
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
+// slidingLogHead parses members and expires keys, after luaWindow.
+const slidingLogHead = luaWindow + `
 -- A member is "<id>:<amount>"; ids have no colon.
 local function amount(member)
   return tonumber(string.sub(member, string.find(member, ':', 1, true) + 1))
@@ -23,7 +21,7 @@ end
 local function expire(key, w)
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if top[2] then
-    redis.call('PEXPIRE', key, string.format('%d', math.ceil((tonumber(top[2]) + w - now) / 1000) + 1000))
+    expireAfter(key, tonumber(top[2]) + w)
   end
 end
 `
@@ -75,7 +73,7 @@ local score = string.format('%d', at)
 for i, key in ipairs(KEYS) do
   local w = tonumber(ARGV[3*i])
   redis.call('ZADD', key, score, ARGV[2] .. ':' .. ARGV[3*i+2])
-  redis.call('PEXPIRE', key, string.format('%d', math.ceil((math.max(last[i], at) + w - now) / 1000) + 1000))
+  expireAfter(key, math.max(last[i], at) + w)
 end
 return wait
 `)
@@ -90,22 +88,19 @@ for i, key in ipairs(KEYS) do
   if delta > 0 then
     redis.call('ZADD', key, string.format('%d', now), ARGV[1] .. ':' .. ARGV[3*i+1])
   else
-    local r = -delta
     local e = redis.call('ZREVRANGE', key, 0, -1, 'WITHSCORES')
-    for k = 1, #e, 2 do
-      if r <= 0 then
-        break
-      end
-      local a = amount(e[k])
-      redis.call('ZREM', key, e[k])
-      if a <= r then
-        r = r - a
-      else
-        local id = string.sub(e[k], 1, string.find(e[k], ':', 1, true) - 1)
-        redis.call('ZADD', key, string.format('%d', tonumber(e[k+1])), id .. ':' .. num(a - r))
-        r = 0
-      end
+    local amounts = {}
+    for k = 1, #e / 2 do
+      amounts[k] = amount(e[2*k-1])
     end
+    takeBack(-delta, amounts, function(k, a)
+      local member = e[2*k-1]
+      redis.call('ZREM', key, member)
+      if a > 0 then
+        local id = string.sub(member, 1, string.find(member, ':', 1, true) - 1)
+        redis.call('ZADD', key, string.format('%d', tonumber(e[2*k])), id .. ':' .. num(a))
+      end
+    end)
   end
   expire(key, w)
 end
@@ -116,15 +111,11 @@ return 1
 // entries that count now (future ones included), as strings, changing
 // nothing. ARGV has only the triples; the amounts are unused.
 var slidingTokensScript = newScript(slidingLogHead + `
-local out = {}
-for i, key in ipairs(KEYS) do
-  local w, burst = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1])
-  local e = redis.call('ZRANGEBYSCORE', key, '(' .. string.format('%d', now - w), '+inf')
+return left(function(key, w)
   local sum = 0
-  for _, member in ipairs(e) do
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', key, '(' .. string.format('%d', now - w), '+inf')) do
     sum = sum + amount(member)
   end
-  out[i] = string.format('%.17g', burst - sum)
-end
-return out
+  return sum
+end)
 `)
