@@ -337,8 +337,7 @@ func (l *Local) queueEnd(key string) time.Time {
 	return end
 }
 
-// Tokens returns the tokens key has now in each dimension; negative amounts
-// are debt owed to reservations.
+// Tokens returns what Redis.Tokens does, from this process's memory.
 func (l *Local) Tokens(key string) Cost {
 	now := l.clock.Now()
 	l.mu.Lock()

@@ -59,7 +59,7 @@ local pausedTo = now -- the latest a dimension's ts may be (see above)
 
 -- fraction returns the share of the configured rate the key is at, its
 -- epoch, and when its last decrease was and what it cut to, if any
--- (adaptive.Policy.Fraction).
+-- (law.Fraction, in internal/law).
 local function fraction(span, law)
   local s = redis.call('HMGET', KEYS[1], 'e', 'a', 'd', 'p')
   local e = tonumber(s[1]) or 0
