@@ -86,6 +86,10 @@ func (s *SlidingLog) nextID() string {
 }
 
 // Observe implements Bucket. A window counter mirrors a limit the provider
-// states exactly, so it does not adapt: Observe changes nothing. Use the
-// token bucket (NewRedis, NewLocal) to learn a limit from responses.
+// states exactly, so it does not adapt (see Adapts): Observe changes
+// nothing, not even a pause, and a slot that comes due during a pause the
+// caller knows of is still counted, for the caller to refund. Use the token
+// bucket (NewRedis, NewLocal) to learn a limit from responses.
 func (s *SlidingLog) Observe(context.Context, string, adaptive.Feedback) error { return nil }
+
+func (*SlidingLog) static() {}

@@ -263,9 +263,12 @@ func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now 
 		if now = t.cfg.now(); t.pauses.until(key, now).IsZero() {
 			return r.Epoch, nil
 		}
-		// Not refunded: the bucket counts the slots due during the pause as
-		// spent (see bucket.Observe), and a refund would hand out one of the
-		// slots due after it a second time.
+		// Not refunded if the bucket adapts: it counts the slots due during
+		// the pause as spent, and a refund would hand out one of the slots
+		// due after it a second time. A window bucket knows no pause.
+		if !bucket.Adapts(t.cfg.bucket) {
+			t.refund(ctx, key, cost)
+		}
 	}
 }
 

@@ -528,3 +528,44 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// TestDroppedSlotRefundedOnWindowBuckets: a slot that comes due while its
+// key is paused is dropped and another reserved after the pause; a window
+// bucket, which knows no pause, counted the dropped one, so it is refunded
+// (it was charged twice). A token bucket counts it as spent: no refund
+// (TestHeldSlotsKeepTheirSpacing).
+func TestDroppedSlotRefundedOnWindowBuckets(t *testing.T) {
+	var arrivals atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if arrivals.Add(1) == 1 {
+			time.Sleep(50 * time.Millisecond)
+			w.Header().Set("Retry-After", "3")
+			w.WriteHeader(http.StatusTooManyRequests)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	// Two a window of 2 s, windows aligned on Redis TIME (this machine's).
+	b := bucket.NewFixedWindow(redistest.Client(t), bucket.Limit{Rate: 1, Burst: 2},
+		bucket.WithPrefix(fmt.Sprintf("drop%d", time.Now().UnixNano())))
+	assert.False(t, bucket.Adapts(b))
+	assert.True(t, bucket.Adapts(bucket.NewLocal(bucket.PerSecond(1))))
+	tr := transport.New(nil, transport.WithBucket(b), transport.WithRetry(transport.Retry{MaxAttempts: 1}))
+	get := func() int {
+		resp, err := tr.RoundTrip(must(http.NewRequest("GET", srv.URL, nil)))
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	now := time.Now()
+	time.Sleep(now.Truncate(2*time.Second).Add(2*time.Second + 20*time.Millisecond).Sub(now)) // a window's start
+	var wg sync.WaitGroup
+	for range 2 { // the window's two: one is refused, and pauses the key for 3 s
+		wg.Go(func() { get() })
+	}
+	time.Sleep(20 * time.Millisecond)
+	assert.Equal(t, http.StatusOK, get(), "its slot in the next window came due in the pause: dropped, and taken again after it")
+	wg.Wait()
+	left, err := b.Tokens(t.Context(), srv.URL)
+	require.NoError(t, err)
+	assert.Equal(t, 1.0, left[bucket.Requests], "the window after the first holds the one sent, not the one dropped as well")
+}
