@@ -557,7 +557,7 @@ func TestDroppedSlotRefundedOnWindowBuckets(t *testing.T) {
 		return resp.StatusCode
 	}
 	now := time.Now()
-	time.Sleep(now.Truncate(2*time.Second).Add(2*time.Second + 20*time.Millisecond).Sub(now)) // a window's start
+	time.Sleep(now.Truncate(2 * time.Second).Add(2*time.Second + 20*time.Millisecond).Sub(now)) // a window's start
 	var wg sync.WaitGroup
 	for range 2 { // the window's two: one is refused, and pauses the key for 3 s
 		wg.Go(func() { get() })
