@@ -179,14 +179,17 @@ func TestWaitCancelledRefunds(t *testing.T) {
 }
 
 // TestLocalConservation: goroutines hammering one Local key are admitted
-// no more than Burst + Rate*T.
+// no more than Burst + Rate*T, and at least 95% of what they could take:
+// Burst + Rate*T less what the key lost while no goroutine called it for
+// longer than it takes to fill (a loaded machine may deschedule them all;
+// it failed once with 147 admitted of 1,180 required).
 func TestLocalConservation(t *testing.T) {
-	// A burst of 250 ms of the rate: a loaded machine may leave the key
-	// uncalled that long and lose nothing, so 95% holds under load.
 	lim := bucket.Limit{Rate: 200, Burst: 50}
 	b := bucket.NewLocal(lim)
 	ctx := context.Background()
 	var admitted atomic.Int64
+	var last, lostNs atomic.Int64 // the last call, since start; time the full key was not called
+	fill := time.Duration(lim.Burst / lim.Rate * float64(time.Second))
 	var wg sync.WaitGroup
 	start := time.Now()
 	end := start.Add(time.Second)
@@ -194,6 +197,10 @@ func TestLocalConservation(t *testing.T) {
 		wg.Go(func() {
 			for time.Now().Before(end) {
 				r, err := b.Reserve(ctx, "hot", bucket.N(1), 0)
+				now := int64(time.Since(start))
+				if gap := time.Duration(now - last.Swap(now)); gap > fill {
+					lostNs.Add(int64(gap - fill))
+				}
 				if err == nil && r.OK {
 					admitted.Add(1)
 				}
@@ -201,7 +208,12 @@ func TestLocalConservation(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	assertConserved(t, lim, admitted.Load(), time.Since(start), "local")
+	span := time.Since(start)
+	bound := lim.Burst + lim.Rate*span.Seconds()
+	lost := lim.Rate * time.Duration(lostNs.Load()+max(int64(span)-last.Load()-int64(fill), 0)).Seconds()
+	t.Logf("admitted %d, bound %.1f, lost to gaps in the calls %.1f", admitted.Load(), bound, lost)
+	assert.LessOrEqual(t, float64(admitted.Load()), bound+1)
+	assert.GreaterOrEqual(t, float64(admitted.Load()), 0.95*(bound-lost))
 }
 
 // TestLocalForgetsIdleKeys: the map of keys stays bounded.
