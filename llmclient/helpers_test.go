@@ -8,50 +8,29 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/llmfixture"
 	"github.com/sluicehq/sluice/llmclient"
-	"github.com/sluicehq/sluice/llmclient/llmtest"
 	"github.com/sluicehq/sluice/transport"
 )
 
-// frozen is a bucket clock that never moves: nothing refills, so that a
-// test reads exactly what was charged and reconciled.
-type frozen struct{}
-
-func (frozen) Now() time.Time { return time.Unix(1_800_000_000, 0) }
-
-// Limits of the test buckets.
-const (
-	testRPM = 100
-	testTPM = 10_000
+// The fixtures these tests share with compat's (internal/llmfixture).
+var (
+	newBucket    = llmfixture.Bucket
+	spent        = llmfixture.Spent
+	newLLM       = llmfixture.Server
+	newTransport = llmfixture.Transport
 )
 
-// newBucket returns a frozen bucket of testRPM requests and testTPM
-// tokens.
-func newBucket() *bucket.Local {
-	return bucket.NewLocal(bucket.PerMinute(testRPM),
-		bucket.WithLimit(bucket.Tokens, bucket.PerMinute(testTPM)), bucket.WithClock(frozen{}))
-}
-
-// key is the bucket key of the tests that set one.
-const key = "k"
+const (
+	testRPM       = llmfixture.RPM
+	testTPM       = llmfixture.TPM
+	key           = llmfixture.Key
+	helloEstimate = llmfixture.HelloEstimate
+	helloUsage    = llmfixture.HelloUsage
+)
 
 func withKey() llmclient.Option {
 	return llmclient.WithKey(func(*http.Request) string { return key })
-}
-
-// spent returns what key has spent of b, per dimension.
-func spent(b *bucket.Local) bucket.Cost {
-	tok := b.Tokens(key)
-	return bucket.Cost{bucket.Requests: testRPM - tok[bucket.Requests], bucket.Tokens: testTPM - tok[bucket.Tokens]}
-}
-
-// newLLM starts an llmtest server with no limits and replies of 10 tokens.
-func newLLM(t *testing.T) *llmtest.Server {
-	t.Helper()
-	s := llmtest.NewServer(llmtest.Config{ReplyTokens: 10})
-	t.Cleanup(s.Close)
-	return s
 }
 
 // hello is a request of 9 characters capped at 100 tokens: Estimate makes
@@ -61,11 +40,6 @@ var hello = llmclient.ChatRequest{
 	Messages:  []llmclient.Message{{Role: "user", Content: "Say hello"}},
 	MaxTokens: 100,
 }
-
-const (
-	helloEstimate = 107
-	helloUsage    = 16
-)
 
 // recorder is an httptest server that answers every request with its
 // handler and records the requests' headers and bodies.

@@ -11,20 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/llmclient"
-	"github.com/sluicehq/sluice/transport"
 )
-
-// newTransport is what an http.Client user (or openai-go's) puts in front
-// of an LLM API: a Transport that charges the estimate and reconciles it.
-func newTransport(b bucket.Bucket) *transport.Transport {
-	return transport.New(nil,
-		transport.WithBucket(b),
-		transport.WithKey(func(*http.Request) string { return key }),
-		transport.WithCost(llmclient.RequestCost(nil)),
-		transport.WithUsage(llmclient.MeterUsage),
-	)
-}
 
 func TestTransportBodyUnchanged(t *testing.T) {
 	jsonBody := `{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"Hi \"there\" é\\n"}}],` +
