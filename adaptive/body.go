@@ -176,3 +176,42 @@ func delayAt(s string) (time.Duration, bool) {
 	}
 	return goDuration(word)
 }
+
+// ParseStreamError returns what data, the data of one event of a stream
+// whose response was a 2xx, says about the limit, if it is an error that
+// speaks of it:
+//
+//   - Overloaded for Anthropic's overloaded_error ({"type":"error",
+//     "error":{"type":"overloaded_error",...}}, its 529 in mid-stream);
+//   - RateLimited for Anthropic's rate_limit_error and for OpenAI's
+//     rate_limit_exceeded (as the error's code or type);
+//   - QuotaExhausted for what ParseBody takes for a spent quota;
+//
+// with the delay ParseBody finds in it. Any other event, an error of
+// another kind (a server error says nothing of the limit) or data that is
+// not JSON says nothing.
+func ParseStreamError(data []byte) (Feedback, bool) {
+	var v struct {
+		Error *struct {
+			Type string `json:"type"`
+			Code any    `json:"code"` // a string, or Gemini's number
+		} `json:"error"`
+	}
+	if json.Unmarshal(data, &v) != nil || v.Error == nil {
+		return Feedback{}, false
+	}
+	code, _ := v.Error.Code.(string)
+	b := ParseBody(data)
+	var f Feedback
+	switch {
+	case b.QuotaExhausted:
+		f.Class = QuotaExhausted
+	case v.Error.Type == "overloaded_error" || code == "overloaded_error":
+		f.Class = Overloaded
+	case v.Error.Type == "rate_limit_error", v.Error.Type == "rate_limit_exceeded", code == "rate_limit_exceeded":
+		f.Class = RateLimited
+	default:
+		return Feedback{}, false
+	}
+	return f.WithBody(b), true
+}

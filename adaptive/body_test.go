@@ -184,3 +184,25 @@ func TestWithBody(t *testing.T) {
 		})
 	}
 }
+
+func TestParseStreamError(t *testing.T) {
+	for _, c := range []struct {
+		data  string
+		class adaptive.Class
+		after time.Duration
+		ok    bool
+	}{
+		{`{"type":"error","error":{"type":"overloaded_error","message":"adaptive.Overloaded"}}`, adaptive.Overloaded, 0, true},
+		{`{"type":"error","error":{"type":"rate_limit_error","message":"Please try again in 2s."}}`, adaptive.RateLimited, 2 * time.Second, true},
+		{`{"error":{"message":"Rate limit reached. Please try again in 20ms.","type":"tokens","code":"rate_limit_exceeded"}}`, adaptive.RateLimited, 20 * time.Millisecond, true},
+		{`{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`, adaptive.QuotaExhausted, 0, true},
+		{`{"type":"error","error":{"type":"api_error","message":"Internal server error"}}`, adaptive.Accepted, 0, false},
+		{`{"choices":[{"delta":{"content":"error"}}]}`, adaptive.Accepted, 0, false},
+		{`{"error":`, adaptive.Accepted, 0, false},
+	} {
+		fb, ok := adaptive.ParseStreamError([]byte(c.data))
+		assert.Equal(t, c.ok, ok, c.data)
+		assert.Equal(t, c.class, fb.Class, c.data)
+		assert.Equal(t, c.after, fb.RetryAfter, c.data)
+	}
+}

@@ -325,6 +325,32 @@ func FuzzParseBody(f *testing.F) {
 	})
 }
 
+// FuzzParseStreamError: an event's data that is not JSON says nothing; one
+// that says something is a refusal, with a delay that is never negative.
+func FuzzParseStreamError(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`,
+		`{"type":"error","error":{"type":"rate_limit_error","message":"Please try again in 2s"}}`,
+		`{"error":{"message":"Rate limit reached","type":"tokens","code":"rate_limit_exceeded"}}`,
+		`{"error":{"code":429,"type":"insufficient_quota"}}`, `{"error":null}`, `{"error":"x"}`, `[`, ``,
+		`{"type":"error","error":{"type":"api_error","message":"Internal"}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fb, ok := ParseStreamError(data)
+		if !ok {
+			if fb.Class != Accepted || fb.RetryAfter != 0 {
+				t.Fatalf("%q: nothing said, yet %+v", data, fb)
+			}
+			return
+		}
+		if !json.Valid(data) || fb.Class == Accepted || fb.RetryAfter < 0 || fb.RetryAfter == maxDuration {
+			t.Fatalf("%q: %+v", data, fb)
+		}
+	})
+}
+
 // FuzzMessageDelay: a message's delay is never negative nor saturated, and
 // is found only after one of the phrases.
 func FuzzMessageDelay(f *testing.F) {

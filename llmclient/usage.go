@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -34,7 +35,10 @@ import (
 // reason (infinite, or above 1e9) the Transport ignores (see
 // transport.WithUsage).
 // Other responses, and compressed bodies the caller decompresses, are not
-// metered (nil): their charge stands.
+// metered (nil): their charge stands. An event stream's meter is a
+// transport.FeedbackMeter too: an error event that speaks of the limit
+// (adaptive.ParseStreamError: Anthropic's overloaded_error or
+// rate_limit_error, OpenAI's rate_limit_exceeded) is observed by the bucket.
 func MeterUsage(resp *http.Response) transport.UsageMeter {
 	if resp.StatusCode < 200 || resp.StatusCode > 299 || resp.Header.Get("Content-Encoding") != "" {
 		return nil
@@ -209,11 +213,14 @@ func (m *jsonMeter) Cost() (bucket.Cost, bool) {
 // maxEvent bounds the bytes kept of one server-sent event.
 const maxEvent = 1 << 20
 
-// sseMeter reads the usage of an event stream, one event at a time.
+// sseMeter reads the usage of an event stream, one event at a time, and
+// the last error event that speaks of the limit (adaptive.ParseStreamError).
 type sseMeter struct {
 	dec   sseDecoder
 	u     usage // from noUsage, merged with every usage found
 	final bool  // a final usage was found: at the top level or in "response"
+	fb    adaptive.Feedback
+	hasFB bool
 }
 
 func newSSEMeter() *sseMeter {
@@ -224,13 +231,25 @@ func newSSEMeter() *sseMeter {
 
 func (m *sseMeter) Write(p []byte) (int, error) { return m.dec.Write(p) }
 
-// tokensField is in every usage object, and in few other events.
-var tokensField = []byte(`_tokens"`)
+// tokensField is in every usage object, and in few other events;
+// errorField in every error event.
+var (
+	tokensField = []byte(`_tokens"`)
+	errorField  = []byte(`"error"`)
+)
 
-// event reads the usage of an event, if it has one. An event too large to
-// keep is skipped.
+// event reads the usage of an event, if it has one, and what an error event
+// says of the limit. An event too large to keep is skipped.
 func (m *sseMeter) event(data []byte, tooLarge bool) bool {
-	if tooLarge || !bytes.Contains(data, tokensField) {
+	if tooLarge {
+		return true
+	}
+	if bytes.Contains(data, errorField) {
+		if fb, ok := adaptive.ParseStreamError(data); ok {
+			m.fb, m.hasFB = fb, true
+		}
+	}
+	if !bytes.Contains(data, tokensField) {
 		return true
 	}
 	type nested struct {
@@ -259,3 +278,7 @@ func (m *sseMeter) Cost() (bucket.Cost, bool) {
 	}
 	return m.u.cost()
 }
+
+// Feedback implements transport.FeedbackMeter: the last error event of the
+// stream that spoke of the limit, such as Anthropic's overloaded_error.
+func (m *sseMeter) Feedback() (adaptive.Feedback, bool) { return m.fb, m.hasFB }

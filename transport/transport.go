@@ -94,8 +94,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cost = t.cfg.cost(req)
 	}
 	var (
-		backoffs int            // retries so far after a backoff interval
-		last     *http.Response // the discarded response, kept in memory
+		backoffs  int            // retries so far after a backoff interval
+		last      *http.Response // the discarded response, kept in memory
+		lastEpoch uint64         // its reservation's
 	)
 	for n := 1; ; n++ {
 		resp, rep, sent, err := t.attempt(ctx, req, key, cost, n)
@@ -108,7 +109,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 					logReq(ctx, l, req, "sluice: retry not sent, returning the previous response",
 						slog.Int("attempt", n), slog.Int("status", last.StatusCode), errAttr(err))
 				}
-				return t.metered(ctx, key, cost, last), nil
+				return t.metered(ctx, key, cost, lastEpoch, last), nil
 			}
 			return nil, err
 		}
@@ -119,7 +120,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 				logReq(ctx, l, req, "sluice: not retrying: "+why.String(), slog.Int("attempt", n),
 					slog.Int("status", rep.status), slog.Duration("delay", delay))
 			}
-			return t.metered(ctx, key, cost, resp), err
+			return t.metered(ctx, key, cost, rep.epoch, resp), err
 		}
 		if why == retryBackoff {
 			backoffs++
@@ -128,7 +129,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			if buf, whole := peek.Drain(resp.Body); whole {
 				kept := *resp
 				kept.Body = io.NopCloser(bytes.NewReader(buf))
-				last = &kept
+				last, lastEpoch = &kept, rep.epoch
 			}
 		}
 		t.metrics.retry(ctx, rep.status)
@@ -214,6 +215,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 	t.metrics.attempt(ctx, responseOutcome(resp.StatusCode))
 	now := t.cfg.now()
 	rep = read(resp, now)
+	rep.epoch = epoch
 	t.observe(ctx, key, epoch, rep, now)
 	if l := t.logger(ctx); l != nil {
 		logReq(ctx, l, req, "sluice: attempt", slog.Int("attempt", n),
@@ -332,6 +334,9 @@ type reply struct {
 	// shouldRetry is what an x-should-retry header on a status of 400 or
 	// more says: a retry or none, whatever the status.
 	shouldRetry verdict
+	// epoch is that of the attempt's reservation, for what its body says
+	// later (see FeedbackMeter).
+	epoch uint64
 }
 
 // verdict is a header's say on a retry.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/wait"
 )
@@ -21,6 +22,21 @@ type UsageMeter interface {
 	// and whether the body reported it. It is called once, after the last
 	// Write.
 	Cost() (bucket.Cost, bool)
+}
+
+// A FeedbackMeter is a UsageMeter that also reads what the body says about
+// the limit: an error event in an event stream whose status was 2xx, such
+// as Anthropic's overloaded_error or a rate-limit error that ends a
+// stream. What it finds is told to the bucket for the key, for the whole
+// fleet, when the body ends (or is closed), as a refusal's status and
+// headers would be: a pause for the delay it asks, a decrease if it is a
+// rate limit. The call is not retried: the caller has its response.
+// llmclient.MeterUsage returns one for event streams.
+type FeedbackMeter interface {
+	UsageMeter
+	// Feedback returns what the body said about the limit, and whether it
+	// said anything. It is called once, after Cost.
+	Feedback() (adaptive.Feedback, bool)
 }
 
 // WithUsage reconciles what each call is charged with what it cost. For the
@@ -55,8 +71,8 @@ func WithUsage(f func(*http.Response) UsageMeter) Option {
 
 // metered returns resp with its body read through a UsageMeter, if
 // WithUsage gives one for it; charged is what the attempt that produced resp
-// took from key.
-func (t *Transport) metered(ctx context.Context, key string, charged bucket.Cost, resp *http.Response) *http.Response {
+// took from key, epoch its reservation's.
+func (t *Transport) metered(ctx context.Context, key string, charged bucket.Cost, epoch uint64, resp *http.Response) *http.Response {
 	if resp == nil || t.cfg.usage == nil || t.cfg.bucket == nil || resp.Body == nil || resp.Body == http.NoBody {
 		return resp
 	}
@@ -64,7 +80,7 @@ func (t *Transport) metered(ctx context.Context, key string, charged bucket.Cost
 	if m == nil {
 		return resp
 	}
-	resp.Body = &meteredBody{body: resp.Body, t: t, ctx: ctx, key: key, charged: charged, meter: m}
+	resp.Body = &meteredBody{body: resp.Body, t: t, ctx: ctx, key: key, charged: charged, epoch: epoch, meter: m}
 	return resp
 }
 
@@ -76,6 +92,7 @@ type meteredBody struct {
 	ctx     context.Context
 	key     string
 	charged bucket.Cost
+	epoch   uint64
 
 	mu    sync.Mutex // Close may be called while Read is
 	meter UsageMeter // nil once reconciled or given up
@@ -110,13 +127,19 @@ func (b *meteredBody) Close() error {
 	return err
 }
 
-// finish reconciles the charge with the meter's cost, if it found one.
-// b.mu must be held and b.meter set.
+// finish reconciles the charge with the meter's cost, if it found one, and
+// observes what the body said about the limit, if it is a FeedbackMeter
+// that found something. b.mu must be held and b.meter set.
 func (b *meteredBody) finish() {
-	actual, ok := b.meter.Cost()
+	m := b.meter
 	b.meter = nil
-	if ok {
+	if actual, ok := m.Cost(); ok {
 		b.t.reconcile(b.ctx, b.key, b.charged, actual)
+	}
+	if fm, ok := m.(FeedbackMeter); ok {
+		if fb, ok := fm.Feedback(); ok && fb.Class != adaptive.Accepted {
+			b.t.observe(b.ctx, b.key, b.epoch, reply{fb: fb}, b.t.cfg.now())
+		}
 	}
 }
 

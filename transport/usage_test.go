@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
@@ -19,7 +20,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/llmclient"
 	"github.com/sluicehq/sluice/transport"
 )
 
@@ -287,6 +290,48 @@ func TestUsageFromALyingUpstream(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, resp.Body.Close())
 			assert.Equal(t, bucket.Cost{bucket.Requests: tc.requests, bucket.Tokens: tc.tokens}, b.Tokens("k"))
+		})
+	}
+}
+
+// TestStreamErrorIsObserved: an error event in a stream that began with 200
+// (Anthropic's overloaded_error, a rate limit that ends the stream) is told
+// to the bucket once the caller has read the body, with the attempt's
+// epoch; a rate limit's delay pauses the key. Before, the bucket never
+// heard of it: the fleet kept sending into an overloaded provider.
+func TestStreamErrorIsObserved(t *testing.T) {
+	for _, c := range []struct {
+		name, event string
+		class       adaptive.Class
+		pause       time.Duration
+	}{
+		{"overloaded", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`, adaptive.Overloaded, 0},
+		{"rate limit", `{"type":"error","error":{"type":"rate_limit_error","message":"Please try again in 2s."}}`, adaptive.RateLimited, 2 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n")
+				io.WriteString(w, "event: error\ndata: "+c.event+"\n\n")
+			}))
+			t.Cleanup(srv.Close)
+			b := &observing{Bucket: bucket.NewLocal(bucket.PerSecond(100), bucket.WithLimit(bucket.Tokens, bucket.PerSecond(1e4)))}
+			tr := transport.New(nil, transport.WithBucket(b), transport.WithUsage(llmclient.MeterUsage))
+			resp, err := tr.RoundTrip(must(http.NewRequest("GET", srv.URL, nil)))
+			require.NoError(t, err)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			b.mu.Lock()
+			before := len(b.fbs)
+			b.mu.Unlock()
+			_, err = io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			require.Len(t, b.fbs, before+1, "the stream's error, observed once")
+			fb := b.fbs[len(b.fbs)-1]
+			assert.Equal(t, c.class, fb.Class)
+			assert.Equal(t, c.pause, fb.RetryAfter)
 		})
 	}
 }
