@@ -2,6 +2,8 @@ package bucket_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -281,4 +283,30 @@ func tokensOf(ctx context.Context, b bucket.Bucket, key string) (bucket.Cost, er
 	return b.(interface {
 		Tokens(context.Context, string) (bucket.Cost, error)
 	}).Tokens(ctx, key)
+}
+
+// TestOutageLogged: an outage's start is logged at warn level, saying what
+// calls do meanwhile, and its end at info; before, failing open was silent
+// unless the caller set OnStateChange.
+func TestOutageLogged(t *testing.T) {
+	for _, closed := range []bool{false, true} {
+		srv := redistest.Own(t)
+		var log syncBuffer
+		opts := []bucket.Option{quickBreaker, bucket.WithLogger(slog.New(slog.NewTextHandler(&log, nil)))}
+		want := "take this process's share"
+		if closed {
+			opts, want = append(opts, bucket.WithFailClosed()), "fail with ErrUnavailable"
+		}
+		b := bucket.NewRedis(fastClient(t, srv.Addr), bucket.PerSecond(10), opts...)
+		_, err := b.Reserve(t.Context(), "k", bucket.N(1), 0)
+		require.NoError(t, err)
+		srv.Stop()
+		_, _ = b.Reserve(t.Context(), "k", bucket.N(1), 0)
+		redisBack(t, srv, b)
+		out := log.String()
+		assert.Equal(t, 1, strings.Count(out, "level=WARN"), out)
+		assert.Contains(t, out, want)
+		assert.Contains(t, out, "addr="+srv.Addr)
+		assert.Contains(t, out, "level=INFO msg=\"sluice: redis serves the bucket again\"")
+	}
 }

@@ -227,8 +227,9 @@ func WithEvictionAllowed() Option {
 }
 
 // WithLogger sets where a Redis-backed bucket logs its configuration errors
-// (at error level, at most every 10 s) and what its first contact could not
-// check (at warn level); slog.Default() by default.
+// (at error level, at most every 10 s), the start of an outage (at warn
+// level: calls take the share, or fail) and its end (info), and what its
+// first contact could not check (warn); slog.Default() by default.
 func WithLogger(l *slog.Logger) Option {
 	return option{"WithLogger", forStored, func(c *config) { c.redis.logger = l }}
 }
@@ -337,6 +338,13 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 	s.IsExcluded = func(err error) bool {
 		return err == errNotRedis || excluded != nil && excluded(err)
 	}
+	changed := s.OnStateChange
+	s.OnStateChange = func(name string, from, to gobreaker.State) {
+		f.stateChanged(from, to)
+		if changed != nil {
+			changed(name, from, to)
+		}
+	}
 	f.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](s)
 	if f.open {
 		id := p.memberID
@@ -348,6 +356,24 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 			strconv.FormatInt(memberTTL.Milliseconds(), 10)}
 	}
 	return f
+}
+
+// stateChanged logs an outage's start at warn level (and what calls do
+// meanwhile: take this process's share, or fail) and its end at info; a
+// probe's failure, from half-open, is no news.
+func (f *failover) stateChanged(from, to gobreaker.State) {
+	switch {
+	case to == gobreaker.StateOpen && from == gobreaker.StateClosed:
+		what := "calls fail with ErrUnavailable (fail-closed)"
+		if f.open {
+			what = "calls take this process's share of the limit (fail-open)"
+		}
+		f.logger().LogAttrs(context.Background(), slog.LevelWarn, "sluice: redis unavailable: "+what,
+			slog.String("addr", f.addr))
+	case to == gobreaker.StateClosed:
+		f.logger().LogAttrs(context.Background(), slog.LevelInfo, "sluice: redis serves the bucket again",
+			slog.String("addr", f.addr))
+	}
 }
 
 // clientAddr names the server(s) rdb talks to, for errors.
