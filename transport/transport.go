@@ -42,6 +42,7 @@ type Transport struct {
 	pauses  pauses
 	sampler sampler
 	metrics *metrics
+	ledger  ledger
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -256,6 +257,7 @@ func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now 
 			}
 			return 0, fmt.Errorf("transport: %w", err)
 		}
+		t.ledger.add(charged, cost)
 		if maxWait != bucket.Unlimited {
 			maxWait -= r.Delay
 		}
@@ -313,7 +315,9 @@ func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
 	defer cancel()
 	if err := t.cfg.bucket.Adjust(rctx, key, cost.Neg()); err != nil {
 		t.debugKey(ctx, "sluice: refund failed", errAttr(err))
+		return
 	}
+	t.ledger.add(refunded, cost)
 }
 
 // reply is what a response said, read once (read): everything the

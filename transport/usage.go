@@ -167,6 +167,16 @@ func (t *Transport) reconcile(ctx context.Context, key string, charged, actual b
 		t.debugKey(ctx, "sluice: usage reconciliation failed", errAttr(err))
 		return
 	}
+	up, down := bucket.Cost{}, bucket.Cost{}
+	for dim, d := range delta {
+		if d > 0 {
+			up[dim] = d
+		} else {
+			down[dim] = -d
+		}
+	}
+	t.ledger.add(debited, up)
+	t.ledger.add(refunded, down)
 	if l := t.logger(ctx); l != nil {
 		attrs := make([]slog.Attr, 0, len(delta))
 		for dim, d := range delta {

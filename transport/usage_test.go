@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -334,4 +335,37 @@ func TestStreamErrorIsObserved(t *testing.T) {
 			assert.Equal(t, c.pause, fb.RetryAfter)
 		})
 	}
+}
+
+// TestStats: a Transport's ledger shows what its calls were charged, what
+// was refunded (an estimate above the usage) and debited (a usage above
+// the estimate), and agrees with the bucket: a user had to copy a 23-line
+// ledger out of an example to see it.
+func TestStats(t *testing.T) {
+	usage := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"usage":{"total_tokens":%d}}`, usage)
+	}))
+	t.Cleanup(srv.Close)
+	b := bucket.NewLocal(bucket.PerSecond(100), bucket.WithLimit(bucket.Tokens, bucket.PerSecond(1e4)),
+		bucket.WithClock(frozen{}))
+	tr := transport.New(nil, transport.WithBucket(b), transport.WithUsage(llmclient.MeterUsage),
+		transport.WithCost(func(*http.Request) bucket.Cost { return bucket.Cost{bucket.Requests: 1, bucket.Tokens: 100} }))
+	for _, u := range []int{40, 250} {
+		usage = u
+		resp, err := tr.RoundTrip(must(http.NewRequest("GET", srv.URL, nil)))
+		require.NoError(t, err)
+		_, err = io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+	}
+	st := tr.Stats()
+	assert.Equal(t, bucket.Cost{bucket.Requests: 2, bucket.Tokens: 200}, st.Charged)
+	assert.Equal(t, bucket.Cost{bucket.Tokens: 60}, st.Refunded)
+	assert.Equal(t, bucket.Cost{bucket.Tokens: 150}, st.Debited)
+	key := transport.HostKey(must(http.NewRequest("GET", srv.URL, nil)))
+	assert.InDelta(t, 1e4-(200-60+150), b.Tokens(key)[bucket.Tokens], 1e-9, "the bucket holds Charged − Refunded + Debited")
+	st.Charged[bucket.Tokens] = 0
+	assert.Equal(t, 200.0, tr.Stats().Charged[bucket.Tokens], "a copy")
 }
