@@ -30,6 +30,11 @@ import (
 // The tokens are total_tokens, or else the sum of prompt_tokens,
 // completion_tokens, input_tokens, cache_creation_input_tokens and
 // output_tokens (Anthropic's cache reads do not count against its limits).
+// A usage with input_tokens or output_tokens (Anthropic's, OpenAI's
+// Responses API) reports bucket.InputTokens (input_tokens plus
+// cache_creation_input_tokens) and bucket.OutputTokens as well, for a bucket
+// limited as Anthropic limits (see AnthropicCost); a dimension the bucket
+// does not limit is ignored.
 // A field that is negative is taken as absent, and one that JSON cannot
 // hold in a float64 spoils its object; what the meter reports beyond
 // reason (infinite, or above 1e9) the Transport ignores (see
@@ -98,7 +103,14 @@ func (u *usage) cost() (bucket.Cost, bool) {
 	if !found {
 		return nil, false
 	}
-	return bucket.Cost{bucket.Tokens: n}, true
+	c := bucket.Cost{bucket.Tokens: n}
+	if u.Input >= 0 || u.CacheCreation >= 0 {
+		c[bucket.InputTokens] = max(u.Input, 0) + max(u.CacheCreation, 0)
+	}
+	if u.Output >= 0 {
+		c[bucket.OutputTokens] = u.Output
+	}
+	return c, true
 }
 
 // maxUsage bounds the bytes kept of a JSON body's usage object.

@@ -42,7 +42,7 @@ func checkMeter(t *testing.T, contentType, body string, want float64) {
 			return
 		}
 		if assert.True(t, ok, how) {
-			assert.Equal(t, bucket.Cost{bucket.Tokens: want}, c, how)
+			assert.Equal(t, want, c[bucket.Tokens], how) // input and output: TestMeterUsageInputOutput
 		}
 	}
 	check("whole", body)
@@ -155,5 +155,36 @@ func TestMeterUsageResponses(t *testing.T) {
 		}
 		m := llmclient.MeterUsage(&http.Response{StatusCode: tc.status, Header: h})
 		assert.Equal(t, tc.metered, m != nil, "%d %q %q", tc.status, tc.contentType, tc.encoding)
+	}
+}
+
+// TestMeterUsageInputOutput: a usage with input and output tokens
+// (Anthropic's, the Responses API's) reports each as a dimension of its own,
+// input counting cache writes but not cache reads, so that a bucket limited
+// as Anthropic limits is reconciled per dimension; one without reports
+// tokens alone.
+func TestMeterUsageInputOutput(t *testing.T) {
+	for _, tc := range []struct {
+		name, contentType, body string
+		want                    bucket.Cost
+	}{
+		{"Anthropic JSON", "application/json", `{"usage":{"input_tokens":10,"cache_creation_input_tokens":2,` +
+			`"cache_read_input_tokens":100,"output_tokens":5}}`,
+			bucket.Cost{bucket.Tokens: 17, bucket.InputTokens: 12, bucket.OutputTokens: 5}},
+		{"Anthropic stream", "text/event-stream",
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n" +
+				"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n",
+			bucket.Cost{bucket.Tokens: 40, bucket.InputTokens: 25, bucket.OutputTokens: 15}},
+		{"OpenAI", "application/json", `{"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}`,
+			bucket.Cost{bucket.Tokens: 12}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := meterResponse(t, tc.contentType)
+			_, err := m.Write([]byte(tc.body))
+			require.NoError(t, err)
+			c, ok := m.Cost()
+			require.True(t, ok)
+			assert.Equal(t, tc.want, c)
+		})
 	}
 }

@@ -18,7 +18,8 @@ type Stats struct {
 	// their usage was read (WithUsage).
 	Refunded bucket.Cost
 	// Debited is what calls cost beyond their charge, once their usage was
-	// read (as asked: the bucket takes at most a burst at a time).
+	// read. Refunded and Debited are as asked of the bucket, which takes at
+	// most a burst at a time and ignores a dimension it does not limit.
 	Debited bucket.Cost
 }
 
