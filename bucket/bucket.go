@@ -29,20 +29,9 @@ type Bucket interface {
 	// before keep their times, and those due during it count as spent), a
 	// rate decrease (once per epoch) when it was throttled, tokens clamped
 	// to what the provider reports remaining, the rate capped at what it
-	// reports. A bucket that does not adapt (see Adapts) ignores fb.
+	// reports. A window bucket (FixedWindow, SlidingLog) does not adapt,
+	// and ignores fb.
 	Observe(ctx context.Context, key string, fb adaptive.Feedback) error
-}
-
-// Adapts reports whether b's Observe adapts as Bucket.Observe says, pauses
-// included: a slot that comes due during a pause then counts as spent, and
-// refunding it would hand a later slot out twice. The window buckets
-// (FixedWindow, SlidingLog) do not adapt: a slot reserved on them that a
-// pause makes the caller drop is still counted, and is the caller's to
-// refund. Any other Bucket is taken to adapt (a wrapper of a window bucket
-// is charged for the slots it drops, which errs toward the limit).
-func Adapts(b Bucket) bool {
-	_, static := b.(interface{ static() })
-	return !static
 }
 
 // Reservation is the outcome of Reserve.

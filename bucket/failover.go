@@ -289,14 +289,14 @@ type failover struct {
 
 	contact contact
 
-	latency   atomic.Int64                // of the calls that worked, smoothed, in ns
-	answered  atomic.Int64                // when the last call that worked began, since monoBase, in ns
-	misconfig atomic.Pointer[ConfigError] // the last call's, if it found one and none has worked since
-	served    atomic.Bool                 // a script has run
-	readOnly  atomic.Int64                // when READONLY replies began, Unix ns; 0 if not
-	loggedAt  atomic.Int64                // the last configuration error logged, Unix ns
-	failing   atomic.Bool                 // calls have gone to the share since the last that worked
-	coldUntil atomic.Int64                // Unix ns
+	latency   atomic.Int64              // of the calls that worked, smoothed, in ns
+	answered  atomic.Int64              // when the last call that worked began, since monoBase, in ns
+	misconfig atomic.Pointer[misconfig] // the last configuration error, if none has worked since
+	served    atomic.Bool               // a script has run
+	readOnly  atomic.Int64              // when READONLY replies began, Unix ns; 0 if not
+	loggedAt  atomic.Int64              // the last configuration error logged, Unix ns
+	failing   atomic.Bool               // calls have gone to the share since the last that worked
+	coldUntil atomic.Int64              // Unix ns
 
 	slotsMu    sync.Mutex
 	slots      map[string]time.Time // the end of each key's last slot on Redis, by clock
@@ -370,7 +370,7 @@ func (f *failover) stateChanged(from, to gobreaker.State) {
 		}
 		f.logger().LogAttrs(context.Background(), slog.LevelWarn, "sluice: redis unavailable: "+what,
 			slog.String("addr", f.addr))
-	case to == gobreaker.StateClosed:
+	case to == gobreaker.StateClosed && f.misconfig.Load() == nil: // a configuration error is logged as one
 		f.logger().LogAttrs(context.Background(), slog.LevelInfo, "sluice: redis serves the bucket again",
 			slog.String("addr", f.addr))
 	}
@@ -412,6 +412,9 @@ func (f *failover) do(ctx context.Context, call func(context.Context) error) err
 func (f *failover) call(ctx context.Context, timeout time.Duration, call func(context.Context) error) error {
 	done, err := f.cb.Allow()
 	if err != nil {
+		if ce := f.lastConfigError(); ce != nil {
+			return ce // the breaker opened over a Redis that cannot serve the bucket anyway
+		}
 		return &UnavailableError{Addr: f.addr, Err: err}
 	}
 	start := time.Now()
@@ -439,18 +442,22 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 		ce = f.misconfigured(err)
 	}
 	if ce != nil {
-		done(nil) // Redis answered
-		f.misconfig.Store(ce)
+		f.misconfig.Store(&misconfig{ce: ce, at: time.Now()}) // before the breaker may close
+		done(nil)                                             // Redis answered
 		return f.logged(ce)
 	}
 	if !redisFailure(err) {
 		done(nil) // Redis answered
 		return err
 	}
-	if ce := f.misconfig.Load(); ce != nil {
-		// A call that failed says nothing new of a Redis that cannot serve
-		// the bucket: it must not be taken for an outage and fail open.
-		done(errNotRedis)
+	if !redis.IsReadOnlyError(err) && f.readOnly.Load() != 0 {
+		f.readOnly.Store(0) // READONLY replies must come on end to be a misconfiguration
+	}
+	if ce := f.lastConfigError(); ce != nil {
+		// A Redis that could not serve the bucket a moment ago, failing
+		// now, is still no outage to fail open through; but it is a
+		// failure, and opens the breaker as one.
+		done(err)
 		return ce
 	}
 	if f.isolated(start, err) {
@@ -459,6 +466,23 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 		done(err)
 	}
 	return &UnavailableError{Addr: f.addr, Err: err}
+}
+
+// misconfig is a configuration error a call found, and when.
+type misconfig struct {
+	ce *ConfigError
+	at time.Time
+}
+
+// lastConfigError returns the configuration error a call found within the
+// last recheckEvery, if no call has worked since: the failures that follow
+// it are that error still, not an outage. After that, a failure is what it
+// looks like.
+func (f *failover) lastConfigError() *ConfigError {
+	if m := f.misconfig.Load(); m != nil && time.Since(m.at) < recheckEvery {
+		return m.ce
+	}
+	return nil
 }
 
 // isolated reports whether a call begun at start that failed with err, a
@@ -471,6 +495,9 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 // after its last call that worked).
 func (f *failover) isolated(start time.Time, err error) bool {
 	last := f.answered.Load()
+	if last == 0 { // no call has worked yet
+		return false
+	}
 	if last > int64(start.Sub(monoBase)) {
 		return true
 	}

@@ -88,10 +88,10 @@ func windowMicros(l Limit) int64 {
 }
 
 // Observe implements Bucket. A window counter mirrors a limit the provider
-// states exactly, so it does not adapt (see Adapts): Observe changes
-// nothing, not even a pause, and a slot that comes due during a pause the
-// caller knows of is still counted, for the caller to refund. Use the token
-// bucket (NewRedis, NewLocal) to learn a limit from responses.
+// states exactly, so it does not adapt: Observe changes nothing, not even
+// a pause. A slot that comes due during a pause its caller knows of, and
+// that the caller drops, is still counted; a refund would not give it back,
+// but free the newest reservation, whose holder still sends (the
+// transport does not refund it). Use the token bucket (NewRedis, NewLocal)
+// to learn a limit from responses.
 func (f *FixedWindow) Observe(context.Context, string, adaptive.Feedback) error { return nil }
-
-func (*FixedWindow) static() {}

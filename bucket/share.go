@@ -13,6 +13,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // fallback returns the share bucket that takes a call which failed with
@@ -42,11 +43,17 @@ func (f *failover) fallback(err error) *share {
 	// A new share starts each key after this process's slots for it, on
 	// Redis and on the last share (a flapping Redis must not hand the
 	// same time out twice), and owes what the last one did not settle.
+	// The last share's own start, which holds the share before it, is cut
+	// to Redis's slots: each share looks one back, and old ones are freed.
 	start := f.slotOf
 	if old != nil {
+		ol := old.local
+		ol.mu.Lock()
+		ol.start = f.slotOf
+		ol.mu.Unlock()
 		start = func(key string) time.Time {
 			t := f.slotOf(key)
-			if q := old.local.queueEnd(key); q.After(t) {
+			if q := ol.queueEnd(key); q.After(t) {
 				t = q
 			}
 			return t
@@ -66,7 +73,11 @@ func (f *failover) settle(ctx context.Context, debit func(context.Context, strin
 		return
 	}
 	if c := sh.take(key); c != nil {
-		_ = debit(ctx, key, c) // owed again if it could not run; lost if the caller's context ended
+		// Detached: the caller's deadline, met by the call that worked,
+		// must not cost the debt (it is owed again if Redis fails).
+		dctx, cancel := wait.Detached(ctx)
+		defer cancel()
+		_ = debit(dctx, key, c)
 	}
 }
 

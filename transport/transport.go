@@ -267,12 +267,13 @@ func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now 
 		if now = t.cfg.now(); t.pauses.until(key, now).IsZero() {
 			return r.Epoch, nil
 		}
-		// Not refunded if the bucket adapts: it counts the slots due during
-		// the pause as spent, and a refund would hand out one of the slots
-		// due after it a second time. A window bucket knows no pause.
-		if !bucket.Adapts(t.cfg.bucket) {
-			t.refund(ctx, key, cost)
-		}
+		// Not refunded: a token bucket counts the slots due during the
+		// pause as spent, and a refund would hand out one of the slots due
+		// after it a second time; a window bucket, which knows no pause,
+		// counts the dropped slot too, but its refund would free the newest
+		// reservation, still to be sent, not this one (see
+		// bucket.FixedWindow.Observe). Either way the slot is charged, which
+		// errs toward the limit.
 	}
 }
 
