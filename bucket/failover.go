@@ -242,8 +242,8 @@ func WithLogger(l *slog.Logger) Option {
 // whose own context ended first counts as neither; nor does one that failed
 // alone (see failover.isolated: Redis answered a call begun later, or its
 // connection broke within a second of a call that worked), which goes to
-// the share bucket by itself.
-// OnStateChange is the place to log or count outages.
+// the share bucket by itself. An outage's start and end are logged (see
+// WithLogger); OnStateChange, called after that, is the place to count them.
 func WithRedisBreaker(s gobreaker.Settings) Option {
 	return option{"WithRedisBreaker", forStored, func(c *config) { c.redis.breaker = s }}
 }
@@ -423,10 +423,10 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 	cancel()
 	switch {
 	case err == nil:
-		done(nil)
 		if f.misconfig.Load() != nil {
-			f.misconfig.Store(nil)
+			f.misconfig.Store(nil) // before the breaker may close: "serves again" is logged
 		}
+		done(nil)
 		f.worked(start)
 		return nil
 	case callerDone(ctx) != nil:
