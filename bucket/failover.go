@@ -303,6 +303,8 @@ type failover struct {
 	slotsSweep int                  // len(slots) at which passed slots are next forgotten
 	shareMu    sync.Mutex           // held to replace share
 
+	m *meters // nil: no metrics
+
 	members     atomic.Int64 // the last count; 0 before the first
 	nextBeat    atomic.Int64 // Unix ns
 	policyEvery time.Duration
@@ -364,16 +366,32 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 func (f *failover) stateChanged(from, to gobreaker.State) {
 	switch {
 	case to == gobreaker.StateOpen && from == gobreaker.StateClosed:
-		what := "calls fail with ErrUnavailable (fail-closed)"
+		what, state := "calls fail with ErrUnavailable (fail-closed)", "fail_closed"
 		if f.open {
-			what = "calls take this process's share of the limit (fail-open)"
+			what, state = "calls take this process's share of the limit (fail-open)", "fail_open"
 		}
+		f.m.transition(state)
 		f.logger().LogAttrs(context.Background(), slog.LevelWarn, "sluice: redis unavailable: "+what,
 			slog.String("addr", f.addr))
 	case to == gobreaker.StateClosed && f.misconfig.Load() == nil: // a configuration error is logged as one
+		f.m.transition("serving")
 		f.logger().LogAttrs(context.Background(), slog.LevelInfo, "sluice: redis serves the bucket again",
 			slog.String("addr", f.addr))
 	}
+}
+
+// metricState is Redis's state for the metrics: 0 serving, 1 unavailable
+// and failing open, 2 unavailable and failing closed, 3 misconfigured.
+func (f *failover) metricState() int {
+	switch {
+	case f.lastConfigError() != nil:
+		return 3
+	case f.cb.State() == gobreaker.StateClosed && !f.failing.Load():
+		return 0
+	case f.open:
+		return 1
+	}
+	return 2
 }
 
 // clientAddr names the server(s) rdb talks to, for errors.

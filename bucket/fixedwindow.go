@@ -46,6 +46,9 @@ func NewFixedWindow(rdb redis.UniversalClient, limit Limit, opts ...Option) *Fix
 	f.debit = func(ctx context.Context, key string, c Cost) error {
 		return f.adjustWith(ctx, fixedAdjustScript, key, c, true)
 	}
+	f.meter(func(ctx context.Context, key string) (Cost, Cost, error) {
+		return f.tokens(ctx, fixedTokensScript, key)
+	})
 	return f
 }
 
@@ -69,7 +72,8 @@ func (f *FixedWindow) Adjust(ctx context.Context, key string, delta Cost) error 
 // Tokens returns what is left of the current window's allowance in each
 // dimension; negative amounts were debited past it.
 func (f *FixedWindow) Tokens(ctx context.Context, key string) (Cost, error) {
-	return f.tokens(ctx, fixedTokensScript, key)
+	tokens, _, err := f.tokens(ctx, fixedTokensScript, key)
+	return tokens, err
 }
 
 // maxWindow caps a window at 2^52 µs (142 years), so that window numbers

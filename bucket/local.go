@@ -21,6 +21,7 @@ type Local struct {
 	adapt    adaptation
 	start    func(key string) time.Time // nil: keys start full; else empty, not before start(key) (a share)
 	maxDebit []float64                  // the most one Adjust debits, by dimension
+	m        *meters                    // nil: no metrics
 
 	mu      sync.Mutex
 	keys    map[string]*localKey
@@ -63,7 +64,11 @@ var _ Bucket = (*Local)(nil)
 // a limit is invalid.
 func NewLocal(limit Limit, opts ...Option) *Local {
 	c, dims := newConfig(forLocal, "NewLocal", limit, opts)
-	return newLocal(dims, c.clock, c.policy, nil, nil)
+	l := newLocal(dims, c.clock, c.policy, nil, nil)
+	l.m = newMeters(c.metrics, dims, func(_ context.Context, key string) (Cost, Cost, error) {
+		return l.Tokens(key), l.Rate(key), nil
+	}, nil)
+	return l
 }
 
 // newLocal returns a Local bucket with dims, reading clk, adapting by
@@ -85,6 +90,12 @@ const minSweep = 1024
 
 // Reserve implements Bucket.
 func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
+	r, err := l.reserve(key, cost, maxWait)
+	l.m.reserved(key, cost, r, err, servedLocal)
+	return r, err
+}
+
+func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	if key == "" {
 		return Reservation{}, ErrInvalidKey
 	}
@@ -134,6 +145,7 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 			return err
 		}
 	}
+	l.m.adjusted(key, delta)
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -162,6 +174,14 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 	if key == "" {
 		return ErrInvalidKey
 	}
+	decreased, paused := l.observe(key, fb)
+	l.m.observed(key, decreased, paused)
+	return nil
+}
+
+// observe is Observe, saying whether it decreased the rate and whether it
+// set or lengthened a pause.
+func (l *Local) observe(key string, fb adaptive.Feedback) (decreased, paused bool) {
 	reports, rated := l.reports(fb)
 	now := l.clock.Now()
 	l.mu.Lock()
@@ -182,6 +202,7 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 			k.decreased = now
 			k.epoch++
 			k.refused = 0
+			decreased = true
 		}
 	}
 	if d := l.adapt.pause(fb.RetryAfter); d > 0 && fb.Class != adaptive.Accepted {
@@ -201,6 +222,7 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 				k.counting = k.counting.Add(until.Sub(k.last))
 			}
 			k.last = until
+			paused = true
 		}
 	}
 	for i, r := range reports {
@@ -252,7 +274,7 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 	for i := range k.tokens {
 		k.tokens[i] = min(k.tokens[i], l.burst(k, i, f))
 	}
-	return nil
+	return decreased, paused
 }
 
 // reports returns fb's quotas for l's dimensions, bounded (nil if there are

@@ -61,7 +61,8 @@ type config struct {
 	clock   Clock
 	prefix  string
 	policy  adaptive.Policy
-	redis   redisPolicy // failover.go
+	redis   redisPolicy   // failover.go
+	metrics metricsConfig // metrics.go
 }
 
 // Clock tells the time. The Local backend reads it; Redis backends use the

@@ -34,6 +34,7 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	}
 	r.adapt = newAdaptation(r.policy, r.dims)
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
+	r.meter(r.gauges)
 	return r
 }
 
@@ -60,6 +61,12 @@ func (r *Redis) flags() any {
 // Tokens returns the tokens key has now in each dimension; negative amounts
 // are debt owed to reservations.
 func (r *Redis) Tokens(ctx context.Context, key string) (Cost, error) {
+	tokens, _, err := r.gauges(ctx, key)
+	return tokens, err
+}
+
+// gauges returns key's tokens and rates now.
+func (r *Redis) gauges(ctx context.Context, key string) (tokens, rates Cost, err error) {
 	return r.tokens(ctx, tokensScript, key, smallAmounts[0], r.span, r.adapt.flags())
 }
 
@@ -102,11 +109,13 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		args = append(args, r.param[i], d.burst, scriptArg(rp.rem), scriptArg(rp.rate), scriptArg(rp.burst),
 			scriptArg(float64(rp.until.Microseconds())))
 	}
-	if err := r.run(ctx, observeScript, keys, args...).Err(); err != nil {
+	changed, err := r.run(ctx, observeScript, keys, args...).Int64()
+	if err != nil {
 		if sh := r.fo.fallback(err); sh != nil {
 			return sh.local.Observe(ctx, key, fb)
 		}
 		return fmt.Errorf("bucket: redis observe: %w", err)
 	}
+	r.m.observed(key, changed&1 != 0, changed&2 != 0)
 	return nil
 }

@@ -221,16 +221,18 @@ return 1
 `)
 
 // tokensScript returns each dimension key's tokens now (as of the end of a
-// pause), as strings, changing nothing. ARGV[1] and the amounts are unused.
+// pause), then each one's rate, as strings, changing nothing. ARGV[1] and
+// the amounts are unused.
 var tokensScript = newScript(luaCommon + `
 local f = fraction(span, law)
-local out = {}
-for i = 1, #KEYS - 1 do
+local out, n = {}, #KEYS - 1
+for i = 1, n do
   local rate, burst, tk, _, _, _, _, _, pt = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   if pt then
     tk = math.min(tk, pt)
   end
   out[i] = string.format('%.17g', tk)
+  out[n+i] = string.format('%.17g', rate)
 end
 return out
 `)
@@ -244,10 +246,11 @@ return out
 // decreased rate must be kept to be known safe in microseconds; then for each
 // dimension key: rate, burst, the remaining the provider reported (< 0:
 // unknown), the rate and the burst it reported (0: unknown), and for how
-// long those count in microseconds.
+// long those count in microseconds. It replies 1 if it decreased the rate,
+// plus 2 if it set or lengthened a pause.
 var observeScript = newScript(luaCommon + `
 local f, epoch, d, a = fraction(span, law)
-local nf = f
+local nf, changed = f, 0
 if ARGV[1] == '2' then
   redis.call('HDEL', KEYS[1], 'a', 'd', 'c', 'cs')
   nf = 1
@@ -266,6 +269,7 @@ elseif ARGV[1] == '1' and tonumber(ARGV[4]) >= epoch then
       nf = math.max(nf, math.min(a, f))
     end
     redis.call('HSET', KEYS[1], 'e', epoch + 1, 'a', math.floor(nf * 1e6 + 0.5), 'd', now, 'c', 0, 'cs', 0)
+    changed = 1
     redis.call('PEXPIREAT', KEYS[1], math.ceil((now + span) / 1000) + 1000)
   else
     redis.call('HSET', KEYS[1], 'c', n, 'cs', cs)
@@ -277,6 +281,7 @@ end
 local pause, paused = tonumber(ARGV[5]), 0
 if pause > 0 and now + pause > pausedTo then
   pausedTo = now + pause
+  changed = changed + 2
   redis.call('HSET', KEYS[1], 'p', pausedTo)
   if redis.call('PTTL', KEYS[1]) < pause / 1000 + 1000 then
     redis.call('PEXPIRE', KEYS[1], math.ceil(pause / 1000) + 1000)
@@ -345,5 +350,5 @@ end
 if paused > 0 and tonumber(redis.call('HGET', KEYS[1], 'c') or 0) > 0 then
   redis.call('HINCRBY', KEYS[1], 'cs', paused)
 end
-return epoch
+return changed
 `)

@@ -27,7 +27,9 @@ type scripted struct {
 	fo     *failover
 	// debit debits a share's debt (see failover.settle) with the backend's
 	// adjust script, whole.
-	debit func(ctx context.Context, key string, c Cost) error
+	debit   func(ctx context.Context, key string, c Cost) error
+	metrics metricsConfig
+	m       *meters // nil: no metrics
 }
 
 func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit Limit, opts []Option, suffix string, param func(Limit) any) scripted {
@@ -36,11 +38,17 @@ func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit
 		panic(fmt.Sprintf("bucket: prefix %q holds a brace: it would choose the Cluster hash slot", c.prefix))
 	}
 	s := scripted{rdb: rdb, dims: dims, param: make([]any, len(dims)), prefix: c.prefix, suffix: suffix,
-		policy: c.policy, fo: newFailover(rdb, c, dims)}
+		policy: c.policy, fo: newFailover(rdb, c, dims), metrics: c.metrics}
 	for i, d := range dims {
 		s.param[i] = param(d.limit)
 	}
 	return s
+}
+
+// meter makes s's instruments, whose gauges read.
+func (s *scripted) meter(read gauges) {
+	s.m = newMeters(s.metrics, s.dims, read, s.fo)
+	s.fo.m = s.m
 }
 
 // baseKey is <prefix>:{<key>}, key as keyTag writes it: the name of key's
@@ -101,31 +109,39 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 // extra, then the triples of prepare. The script replies with the wait in
 // microseconds, negated if it took nothing (a refused wait is always > 0).
 func (s *scripted) reserve(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, error) {
+	r, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
+	s.m.reserved(key, cost, r, err, by)
+	return r, err
+}
+
+// reserveBy is reserve, saying what served it.
+func (s *scripted) reserveBy(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, server, error) {
 	head := append([]any{scriptArg(float64(max(maxWait, 0).Microseconds()))}, extra...)
 	keys, args, err := s.prepare(key, cost, true, false, head...)
 	if err != nil || len(keys) == 0 {
-		return Reservation{OK: err == nil}, err
+		return Reservation{OK: err == nil}, servedRedis, err
 	}
 	w, epoch, err := reservation(s.run(ctx, script, keys, args...))
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
-			return sh.reserve(ctx, key, cost, maxWait, !sent(err))
+			r, err := sh.reserve(ctx, key, cost, maxWait, !sent(err))
+			return r, servedShare, err
 		}
-		return Reservation{}, fmt.Errorf("bucket: redis reserve: %w", err)
+		return Reservation{}, servedRedis, fmt.Errorf("bucket: redis reserve: %w", err)
 	}
 	if w > max(maxWait, 0).Microseconds() {
 		// A reply the scripts never give (a proxy's, a server's bug): the
 		// caller's wait accounting must not trust it.
-		return Reservation{}, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
+		return Reservation{}, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
 	}
 	if w > 0 {
 		s.fo.slot(key, s.fo.clock.Now().Add(micros(w)))
 	}
 	s.fo.settle(ctx, s.debit, key)
 	if w < 0 {
-		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil
+		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, servedRedis, nil
 	}
-	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, nil
+	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, servedRedis, nil
 }
 
 // micros converts n >= 0 microseconds to a Duration, saturated at the
@@ -162,7 +178,11 @@ func reservation(cmd *redis.Cmd) (w int64, epoch uint64, err error) {
 // adjust runs an adjust script, whose ARGV are head, then the triples of
 // prepare.
 func (s *scripted) adjust(ctx context.Context, script *script, key string, delta Cost, head ...any) error {
-	return s.adjustWith(ctx, script, key, delta, false, head...)
+	err := s.adjustWith(ctx, script, key, delta, false, head...)
+	if err == nil {
+		s.m.adjusted(key, delta)
+	}
+	return err
 }
 
 // adjustWith is adjust, of a share's debt (see failover.settle) if debt: a
@@ -191,10 +211,11 @@ func (s *scripted) adjustWith(ctx context.Context, script *script, key string, d
 
 // tokens runs a tokens script over every dimension. Its ARGV are head, then
 // the triples of prepare with amount 0, and it replies with each key's
-// tokens or remaining allowance as a string.
-func (s *scripted) tokens(ctx context.Context, script *script, key string, head ...any) (Cost, error) {
+// tokens or remaining allowance as a string, then, from a script of a
+// bucket that adapts, each key's rate.
+func (s *scripted) tokens(ctx context.Context, script *script, key string, head ...any) (tokens, rates Cost, err error) {
 	if key == "" {
-		return nil, ErrInvalidKey
+		return nil, nil, ErrInvalidKey
 	}
 	keys := make([]string, 0, len(s.dims)+1)
 	base := s.baseKey(key)
@@ -209,16 +230,26 @@ func (s *scripted) tokens(ctx context.Context, script *script, key string, head 
 	}
 	res, err := s.run(ctx, script, keys, args...).StringSlice()
 	if err != nil {
-		return nil, fmt.Errorf("bucket: redis tokens: %w", err)
+		return nil, nil, fmt.Errorf("bucket: redis tokens: %w", err)
 	}
-	if len(res) != len(s.dims) {
-		return nil, fmt.Errorf("bucket: redis tokens: unexpected reply %v", res)
+	n := len(s.dims)
+	if len(res) != n && (!s.state || len(res) != 2*n) {
+		return nil, nil, fmt.Errorf("bucket: redis tokens: unexpected reply %v", res)
 	}
-	c := make(Cost, len(s.dims))
-	for i, d := range s.dims {
-		if c[d.name], err = strconv.ParseFloat(res[i], 64); err != nil {
-			return nil, fmt.Errorf("bucket: redis tokens: %w", err)
+	read := func(vs []string) (Cost, error) {
+		c := make(Cost, n)
+		for i, d := range s.dims {
+			v, err := strconv.ParseFloat(vs[i], 64)
+			if err != nil {
+				return nil, fmt.Errorf("bucket: redis tokens: %w", err)
+			}
+			c[d.name] = v
 		}
+		return c, nil
 	}
-	return c, nil
+	if tokens, err = read(res[:n]); err != nil || len(res) == n {
+		return tokens, nil, err
+	}
+	rates, err = read(res[n:])
+	return tokens, rates, err
 }

@@ -54,6 +54,9 @@ func NewSlidingLog(rdb redis.UniversalClient, limit Limit, opts ...Option) *Slid
 	s.debit = func(ctx context.Context, key string, c Cost) error {
 		return s.adjustWith(ctx, slidingAdjustScript, key, c, true, s.nextID())
 	}
+	s.meter(func(ctx context.Context, key string) (Cost, Cost, error) {
+		return s.tokens(ctx, slidingTokensScript, key)
+	})
 	return s
 }
 
@@ -77,7 +80,8 @@ func (s *SlidingLog) Adjust(ctx context.Context, key string, delta Cost) error {
 // minus the entries that count in the window ending now, reservations for
 // later moments included. Negative amounts were debited past the burst.
 func (s *SlidingLog) Tokens(ctx context.Context, key string) (Cost, error) {
-	return s.tokens(ctx, slidingTokensScript, key)
+	tokens, _, err := s.tokens(ctx, slidingTokensScript, key)
+	return tokens, err
 }
 
 // nextID returns an id no other call uses: a log entry is "<id>:<amount>".

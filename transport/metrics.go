@@ -59,6 +59,8 @@ func responseOutcome(code int) outcome {
 }
 
 type metrics struct {
+	static   []attribute.KeyValue
+	base     metric.MeasurementOption
 	wait     metric.Float64Histogram
 	attempts metric.Int64Counter
 	retries  metric.Int64Counter
@@ -66,16 +68,18 @@ type metrics struct {
 	outcome  [numOutcomes]metric.AddOption // precomputed: no allocation per attempt
 }
 
-// newMetrics returns the instruments of mp; nil (no metrics) if mp is nil.
-// The methods of a nil *metrics do nothing.
-func newMetrics(mp metric.MeterProvider) *metrics {
+// newMetrics returns the instruments of mp, recording static on every
+// measurement; nil (no metrics) if mp is nil. The methods of a nil
+// *metrics do nothing.
+func newMetrics(mp metric.MeterProvider, static []attribute.KeyValue) *metrics {
 	if mp == nil {
 		return nil
 	}
 	m := mp.Meter(meterName)
 	nm := noop.Meter{}
 	var err error
-	ms := &metrics{}
+	ms := &metrics{static: static}
+	ms.base = ms.with()
 	if ms.wait, err = m.Float64Histogram(metricWait, metric.WithUnit("s"),
 		metric.WithDescription("Time an attempt waited for the bucket and for Retry-After pauses before it was sent."),
 		metric.WithExplicitBucketBoundaries(0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)); err != nil {
@@ -94,9 +98,17 @@ func newMetrics(mp metric.MeterProvider) *metrics {
 		ms.breaker, _ = nm.Int64Gauge(metricBreaker)
 	}
 	for o := range numOutcomes {
-		ms.outcome[o] = metric.WithAttributeSet(attribute.NewSet(attribute.String(attrOutcome, o.String())))
+		ms.outcome[o] = ms.with(attribute.String(attrOutcome, o.String()))
 	}
 	return ms
+}
+
+// with is the static attributes and attrs, as one set.
+func (m *metrics) with(attrs ...attribute.KeyValue) metric.MeasurementOption {
+	all := make([]attribute.KeyValue, 0, len(m.static)+len(attrs))
+	all = append(all, m.static...)
+	all = append(all, attrs...)
+	return metric.WithAttributeSet(attribute.NewSet(all...))
 }
 
 func (m *metrics) attempt(ctx context.Context, o outcome) {
@@ -110,7 +122,7 @@ func (m *metrics) waited(ctx context.Context, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.wait.Record(ctx, d.Seconds())
+	m.wait.Record(ctx, d.Seconds(), m.base)
 }
 
 func (m *metrics) retry(ctx context.Context, code int) {
@@ -121,12 +133,12 @@ func (m *metrics) retry(ctx context.Context, code int) {
 	if code != 0 {
 		reason = strconv.Itoa(code)
 	}
-	m.retries.Add(ctx, 1, metric.WithAttributes(attribute.String(attrReason, reason)))
+	m.retries.Add(ctx, 1, m.with(attribute.String(attrReason, reason)))
 }
 
 func (m *metrics) breakerState(name string, s gobreaker.State) {
 	if m == nil {
 		return
 	}
-	m.breaker.Record(context.Background(), int64(s), metric.WithAttributes(attribute.String(attrBreakerName, name)))
+	m.breaker.Record(context.Background(), int64(s), m.with(attribute.String(attrBreakerName, name)))
 }

@@ -107,6 +107,60 @@ func TestMetrics(t *testing.T) {
 	assert.Contains(t, got, "sluice.transport.breaker.state{breaker=api}")
 }
 
+// TestMetricAttributes: the static attributes are on every measurement,
+// the Transport's and its bucket's, so that two upstreams can be told
+// apart.
+func TestMetricAttributes(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	s := newScript(status(429, "Retry-After", "0"), status(200))
+	defer s.Close()
+	up := attribute.String("upstream", "anthropic")
+	b := bucket.NewLocal(bucket.PerSecond(100), bucket.WithMeterProvider(mp), bucket.WithMetricAttributes(up))
+	tr := transport.New(nil, transport.WithMeterProvider(mp), transport.WithBucket(b),
+		transport.WithMetricAttributes(up), transport.WithBreaker(gobreaker.Settings{Name: "api"}))
+	resp, err := get(t, tr, context.Background(), s.URL)
+	require.NoError(t, err)
+	assert.Equal(t, 200, resp.StatusCode)
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	n := 0
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			var sets []attribute.Set
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Sum[float64]:
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Gauge[float64]:
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					sets = append(sets, p.Attributes)
+				}
+			}
+			for _, set := range sets {
+				v, ok := set.Value("upstream")
+				assert.True(t, ok && v.AsString() == "anthropic", "%s %v", m.Name, set.ToSlice())
+				n++
+			}
+		}
+	}
+	assert.GreaterOrEqual(t, n, 10, "points of the transport and the bucket")
+}
+
 // TestSecretsNeverLeak sends requests carrying credentials through every
 // path that logs, fails or records a metric, and looks for them.
 func TestSecretsNeverLeak(t *testing.T) {

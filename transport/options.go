@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicehq/sluice/bucket"
@@ -30,7 +31,8 @@ type config struct {
 	breaker *gobreaker.Settings
 	maxWait time.Duration
 	meters  metric.MeterProvider
-	logger  *slog.Logger // nil: slog.Default() at the time of logging
+	attrs   []attribute.KeyValue // on every measurement
+	logger  *slog.Logger         // nil: slog.Default() at the time of logging
 
 	// Injected by tests (export_test.go).
 	now   func() time.Time
@@ -140,6 +142,12 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 			c.meters = mp
 		}
 	})
+}
+
+// WithMetricAttributes adds attrs to every measurement the Transport
+// records: to tell two upstreams apart. They should be few and constant.
+func WithMetricAttributes(attrs ...attribute.KeyValue) Option {
+	return optionFunc(func(c *config) { c.attrs = append(c.attrs, attrs...) })
 }
 
 // WithLogger sends the Transport's logs (all at debug level) to l. By

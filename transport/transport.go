@@ -54,7 +54,7 @@ func New(base http.RoundTripper, opts ...Option) *Transport {
 		base = http.DefaultTransport
 	}
 	t := &Transport{base: base, cfg: newConfig(opts)}
-	t.metrics = newMetrics(t.cfg.meters)
+	t.metrics = newMetrics(t.cfg.meters, t.cfg.attrs)
 	if t.cfg.breaker != nil {
 		t.breaker = newBreaker(*t.cfg.breaker, t.breakerChanged)
 		t.metrics.breakerState(t.breaker.name, gobreaker.StateClosed)

@@ -1,0 +1,428 @@
+package bucket
+
+import (
+	"container/heap"
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+// Instrument names. No attribute carries a key unless WithMetricKeyLabel
+// says how to label one.
+const (
+	meterName         = "github.com/sluicehq/sluice/bucket"
+	metricDecisions   = "sluice.bucket.decisions"         // counter: Reserve calls, by decision and by what served them
+	metricCharged     = "sluice.bucket.tokens.charged"    // counter, by dimension: what reservations took
+	metricRefunded    = "sluice.bucket.tokens.refunded"   // counter, by dimension: what Adjust gave back
+	metricDebited     = "sluice.bucket.tokens.debited"    // counter, by dimension: what Adjust took on top
+	metricWait        = "sluice.bucket.wait.duration"     // histogram, s: the delay of each reservation taken
+	metricWaiters     = "sluice.bucket.waiters"           // gauge: reservations whose slot has not come
+	metricDecreases   = "sluice.bucket.rate.decreases"    // counter: rate decreases this process's Observe made
+	metricPauses      = "sluice.bucket.pauses"            // counter: pauses this process's Observe set or lengthened
+	metricRemaining   = "sluice.bucket.tokens.remaining"  // gauge, by dimension: the tokens of the last key used
+	metricFraction    = "sluice.bucket.rate.fraction"     // gauge, by dimension: its rate over the configured one
+	metricRedisState  = "sluice.bucket.redis.state"       // gauge: 0 serving, 1 failing open, 2 failing closed, 3 misconfigured
+	metricTransitions = "sluice.bucket.redis.transitions" // counter: outages begun and ended, by the state entered
+	metricMembers     = "sluice.bucket.members"           // gauge: the fleet's live members, as last counted
+
+	attrDecision  = "decision"
+	attrServedBy  = "served_by"
+	attrDimension = "dimension"
+	attrKey       = "key"
+	attrState     = "state"
+
+	// maxLabels bounds the key labels a bucket records; the keys of the
+	// labels beyond are recorded under otherLabel.
+	maxLabels  = 32
+	otherLabel = "other"
+	// gaugeTimeout bounds the reads of a collection.
+	gaugeTimeout = time.Second
+)
+
+// WithMeterProvider makes a bucket record its metrics through mp's meter
+// "github.com/sluicehq/sluice/bucket": its decisions, the tokens charged,
+// refunded and debited by dimension, the delays it handed out and the
+// reservations still waiting, the rate decreases and pauses it applied,
+// and, as gauges read when they are collected, the tokens and the rate
+// fraction of the last key used (one read of Redis per label each
+// collection) and, for a Redis-backed bucket, Redis's state and the
+// fleet's membership count. docs/signals.md lists them. By default a bucket
+// records nothing. No measurement carries a key unless WithMetricKeyLabel
+// says how to label keys, so that a thousand keys make no more series than
+// one.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return option{"WithMeterProvider", forAll, func(c *config) { c.metrics.provider = mp }}
+}
+
+// WithMetricAttributes adds attrs to every measurement the bucket records:
+// to tell two upstreams or two buckets apart. They should be few and
+// constant.
+func WithMetricAttributes(attrs ...attribute.KeyValue) Option {
+	return option{"WithMetricAttributes", forAll, func(c *config) {
+		c.metrics.attrs = append(c.metrics.attrs, attrs...)
+	}}
+}
+
+// WithMetricKeyLabel labels each measurement with label(key) as the
+// attribute "key", and keeps the gauges of the last key used under each
+// label. At most 32 labels are recorded: the keys of any label beyond them
+// are recorded as "other". label must be fast and safe for concurrent
+// use, and should map many keys to one label (a model, a tenant's tier),
+// never return a credential or a raw key that holds one.
+func WithMetricKeyLabel(label func(key string) string) Option {
+	return option{"WithMetricKeyLabel", forAll, func(c *config) { c.metrics.label = label }}
+}
+
+// decision is what became of one Reserve.
+type decision int
+
+const (
+	decidedNow     decision = iota // taken, no wait
+	decidedDelayed                 // taken, for a later slot
+	decidedRefused                 // nothing taken: the wait was beyond maxWait
+	decidedError                   // an error
+	numDecisions
+)
+
+var decisionNames = [numDecisions]string{"now", "delayed", "refused", "error"}
+
+// server is what served a call.
+type server int
+
+const (
+	servedLocal server = iota // a Local bucket
+	servedRedis               // Redis
+	servedShare               // this process's share, failing open
+	numServers
+)
+
+var serverNames = [numServers]string{"local", "redis", "share"}
+
+// gauges reads a bucket's state for the gauges: a key's tokens and
+// rate by dimension (rates nil if it does not adapt).
+type gauges func(ctx context.Context, key string) (tokens, rates Cost, err error)
+
+// meters are a bucket's instruments; a nil *meters records nothing.
+type meters struct {
+	dims   []dim
+	static []attribute.KeyValue
+	label  func(string) string
+	read   gauges
+	fo     *failover // nil: not Redis-backed
+
+	decisions, charged, refunded, debited metric.Float64Counter
+	decreases, pauses, transitions        metric.Int64Counter
+	wait                                  metric.Float64Histogram
+
+	one    *labelled // when label is nil
+	mu     sync.Mutex
+	labels map[string]*labelled
+
+	waiting waiters
+	entered map[string]metric.MeasurementOption // by the state a transition enters
+}
+
+// labelled is what a meters keeps for one key label: its attribute sets,
+// precomputed, and the last key used under it.
+type labelled struct {
+	base     metric.MeasurementOption
+	decision [numDecisions][numServers]metric.MeasurementOption
+	dim      []metric.MeasurementOption // by dimension
+	last     atomic.Pointer[string]
+}
+
+// metricsConfig is what the options say about metrics.
+type metricsConfig struct {
+	provider metric.MeterProvider // nil: none
+	attrs    []attribute.KeyValue
+	label    func(string) string
+}
+
+// newMeters returns c's instruments for a bucket of dims whose gauges read
+// is read; nil if c has no meter provider.
+func newMeters(c metricsConfig, dims []dim, read gauges, fo *failover) *meters {
+	if c.provider == nil {
+		return nil
+	}
+	m := &meters{dims: dims, static: c.attrs, label: c.label, read: read, fo: fo,
+		labels: make(map[string]*labelled)}
+	if m.label == nil {
+		m.one = m.newLabelled("", false)
+	}
+	mt := c.provider.Meter(meterName)
+	nm := noop.Meter{}
+	counter := func(name, unit, desc string) metric.Float64Counter {
+		i, err := mt.Float64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		if err != nil {
+			i, _ = nm.Float64Counter(name)
+		}
+		return i
+	}
+	count := func(name, unit, desc string) metric.Int64Counter {
+		i, err := mt.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		if err != nil {
+			i, _ = nm.Int64Counter(name)
+		}
+		return i
+	}
+	m.decisions = counter(metricDecisions, "{decision}", "Reservations asked for, by decision (now, delayed, refused, error) and by what served them (local, redis, share).")
+	m.charged = counter(metricCharged, "{token}", "Tokens that reservations took, by dimension.")
+	m.refunded = counter(metricRefunded, "{token}", "Tokens that Adjust gave back (a cancelled wait, usage below the estimate), by dimension.")
+	m.debited = counter(metricDebited, "{token}", "Tokens that Adjust charged on top of the reservation (usage above the estimate), by dimension.")
+	m.decreases = count(metricDecreases, "{decrease}", "Rate decreases that this process's refusals made.")
+	m.pauses = count(metricPauses, "{pause}", "Pauses of a key that this process's responses set or lengthened.")
+	m.transitions = count(metricTransitions, "{transition}", "Redis outages begun (state fail_open or fail_closed) and ended (state serving).")
+	var err error
+	if m.wait, err = mt.Float64Histogram(metricWait, metric.WithUnit("s"),
+		metric.WithDescription("The delay of each reservation taken: how long its caller waits for its slot."),
+		metric.WithExplicitBucketBoundaries(0, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60)); err != nil {
+		m.wait, _ = nm.Float64Histogram(metricWait)
+	}
+	m.entered = map[string]metric.MeasurementOption{}
+	for _, name := range []string{"serving", "fail_open", "fail_closed"} {
+		m.entered[name] = m.with(attribute.String(attrState, name))
+	}
+	waiters, err1 := mt.Int64ObservableGauge(metricWaiters, metric.WithUnit("{reservation}"),
+		metric.WithDescription("Reservations this process holds whose slot has not come yet."))
+	remaining, err2 := mt.Float64ObservableGauge(metricRemaining, metric.WithUnit("{token}"),
+		metric.WithDescription("Tokens of the last key used (under each key label), by dimension; negative: owed to reservations."))
+	fraction, err3 := mt.Float64ObservableGauge(metricFraction, metric.WithUnit("1"),
+		metric.WithDescription("The refill rate of the last key used (under each key label) over the configured rate, by dimension: below 1 after a decrease or a lower limit the provider reported."))
+	insts := []metric.Observable{waiters, remaining, fraction}
+	var state, members metric.Int64ObservableGauge
+	var err4, err5 error
+	if fo != nil {
+		state, err4 = mt.Int64ObservableGauge(metricRedisState,
+			metric.WithDescription("Redis as the bucket sees it: 0 serving, 1 unavailable and failing open (calls take this process's share), 2 unavailable and failing closed, 3 misconfigured."))
+		members, err5 = mt.Int64ObservableGauge(metricMembers, metric.WithUnit("{process}"),
+			metric.WithDescription("The fleet's live processes, as last counted (failing open: each takes a share of the limit in an outage)."))
+		insts = append(insts, state, members)
+	}
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil {
+		return m // counters only: the meter refused a gauge
+	}
+	_, _ = mt.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		o.ObserveInt64(waiters, m.waiting.count(time.Now()), m.baseOption())
+		m.observeKeys(ctx, o, remaining, fraction)
+		if fo != nil {
+			o.ObserveInt64(state, int64(fo.metricState()), m.baseOption())
+			if fo.open {
+				if n := fo.members.Load(); n > 0 {
+					o.ObserveInt64(members, n, m.baseOption())
+				}
+			}
+		}
+		return nil
+	}, insts...)
+	return m
+}
+
+// with is the static attributes and attrs, as one set.
+func (m *meters) with(attrs ...attribute.KeyValue) metric.MeasurementOption {
+	all := make([]attribute.KeyValue, 0, len(m.static)+len(attrs))
+	all = append(all, m.static...)
+	all = append(all, attrs...)
+	return metric.WithAttributeSet(attribute.NewSet(all...))
+}
+
+func (m *meters) newLabelled(label string, keyed bool) *labelled {
+	var extra []attribute.KeyValue
+	if keyed {
+		extra = []attribute.KeyValue{attribute.String(attrKey, label)}
+	}
+	l := &labelled{base: m.with(extra...), dim: make([]metric.MeasurementOption, len(m.dims))}
+	for d := range numDecisions {
+		for s := range numServers {
+			l.decision[d][s] = m.with(append(extra[:len(extra):len(extra)],
+				attribute.String(attrDecision, decisionNames[d]), attribute.String(attrServedBy, serverNames[s]))...)
+		}
+	}
+	for i, d := range m.dims {
+		l.dim[i] = m.with(append(extra[:len(extra):len(extra)], attribute.String(attrDimension, d.name))...)
+	}
+	return l
+}
+
+// baseOption is the attributes of the measurements that carry no key.
+func (m *meters) baseOption() metric.MeasurementOption {
+	if m.one != nil {
+		return m.one.base
+	}
+	return m.with()
+}
+
+// of returns key's label's record, noting key as its last.
+func (m *meters) of(key string) *labelled {
+	l := m.one
+	if l == nil {
+		name := m.label(key)
+		m.mu.Lock()
+		if l = m.labels[name]; l == nil {
+			if len(m.labels) >= maxLabels {
+				name = otherLabel
+				l = m.labels[name]
+			}
+			if l == nil {
+				l = m.newLabelled(name, true)
+				m.labels[name] = l
+			}
+		}
+		m.mu.Unlock()
+	}
+	if p := l.last.Load(); p == nil || *p != key {
+		l.last.Store(&key)
+	}
+	return l
+}
+
+// reserved records a Reserve of cost from key.
+func (m *meters) reserved(key string, cost Cost, r Reservation, err error, by server) {
+	if m == nil {
+		return
+	}
+	ctx := context.Background()
+	l := m.of(key)
+	d := decidedNow
+	switch {
+	case err != nil:
+		d = decidedError
+	case !r.OK:
+		d = decidedRefused
+	case r.Delay > 0:
+		d = decidedDelayed
+	}
+	m.decisions.Add(ctx, 1, l.decision[d][by])
+	if err != nil || !r.OK {
+		return
+	}
+	for i, dm := range m.dims {
+		if v := cost[dm.name]; v > 0 {
+			m.charged.Add(ctx, v, l.dim[i])
+		}
+	}
+	m.wait.Record(ctx, r.Delay.Seconds(), l.base)
+	if r.Delay > 0 {
+		m.waiting.add(time.Now().Add(r.Delay))
+	}
+}
+
+// adjusted records an Adjust of key by delta that worked. A debit is
+// counted as taken: at most a burst.
+func (m *meters) adjusted(key string, delta Cost) {
+	if m == nil {
+		return
+	}
+	ctx := context.Background()
+	l := m.of(key)
+	for i, dm := range m.dims {
+		switch v := delta[dm.name]; {
+		case v < 0:
+			m.refunded.Add(ctx, -v, l.dim[i])
+		case v > 0:
+			m.debited.Add(ctx, min(v, dm.limit.Burst), l.dim[i])
+		}
+	}
+}
+
+// observed records what an Observe of key changed: a rate decrease, a
+// pause set or lengthened.
+func (m *meters) observed(key string, decreased, paused bool) {
+	if m == nil || !decreased && !paused {
+		return
+	}
+	l := m.of(key)
+	if decreased {
+		m.decreases.Add(context.Background(), 1, l.base)
+	}
+	if paused {
+		m.pauses.Add(context.Background(), 1, l.base)
+	}
+}
+
+// transition records an outage's start (failing open or closed) or end.
+func (m *meters) transition(state string) {
+	if m == nil {
+		return
+	}
+	m.transitions.Add(context.Background(), 1, m.entered[state])
+}
+
+// observeKeys observes the gauges of the last key of each label.
+func (m *meters) observeKeys(ctx context.Context, o metric.Observer, remaining, fraction metric.Float64Observable) {
+	if m.fo != nil && m.fo.metricState() != 0 {
+		return // no read of a Redis that is not serving
+	}
+	ls := []*labelled{m.one}
+	if m.one == nil {
+		m.mu.Lock()
+		ls = ls[:0]
+		for _, l := range m.labels {
+			ls = append(ls, l)
+		}
+		m.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(ctx, gaugeTimeout)
+	defer cancel()
+	for _, l := range ls {
+		p := l.last.Load()
+		if p == nil {
+			continue
+		}
+		tokens, rates, err := m.read(ctx, *p)
+		if err != nil {
+			continue
+		}
+		for i, d := range m.dims {
+			o.ObserveFloat64(remaining, tokens[d.name], l.dim[i])
+			if rates != nil {
+				o.ObserveFloat64(fraction, rates[d.name]/d.limit.Rate, l.dim[i])
+			}
+		}
+	}
+}
+
+// waiters are the times at which this process's reservations' slots come,
+// for those to come: a min-heap, pruned as they pass.
+type waiters struct {
+	mu  sync.Mutex
+	due dueHeap
+}
+
+func (w *waiters) add(at time.Time) {
+	w.mu.Lock()
+	w.prune(time.Now())
+	heap.Push(&w.due, at.UnixNano())
+	w.mu.Unlock()
+}
+
+// count returns how many slots come after now.
+func (w *waiters) count(now time.Time) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.prune(now)
+	return int64(len(w.due))
+}
+
+func (w *waiters) prune(now time.Time) {
+	for n := now.UnixNano(); len(w.due) > 0 && w.due[0] <= n; {
+		heap.Pop(&w.due)
+	}
+}
+
+type dueHeap []int64
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i] < h[j] }
+func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap) Push(x any)        { *h = append(*h, x.(int64)) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}

@@ -1,0 +1,257 @@
+package bucket_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// points is a flat view of one collection: "name{k=v,...}" → value (sums
+// and gauges) or count (histograms).
+func points(t *testing.T, r *sdkmetric.ManualReader) map[string]float64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, r.Collect(context.Background(), &rm))
+	out := map[string]float64{}
+	name := func(m string, s attribute.Set) string {
+		var kv []string
+		for _, a := range s.ToSlice() {
+			kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+		}
+		return m + "{" + strings.Join(kv, ",") + "}"
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					out[name(m.Name, p.Attributes)] = float64(p.Value)
+				}
+			case metricdata.Sum[float64]:
+				for _, p := range d.DataPoints {
+					out[name(m.Name, p.Attributes)] = p.Value
+				}
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					out[name(m.Name, p.Attributes)] = float64(p.Value)
+				}
+			case metricdata.Gauge[float64]:
+				for _, p := range d.DataPoints {
+					out[name(m.Name, p.Attributes)] = p.Value
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					out[name(m.Name, p.Attributes)] = float64(p.Count)
+				}
+			default:
+				t.Fatalf("unexpected metric %s %T", m.Name, m.Data)
+			}
+		}
+	}
+	return out
+}
+
+func newReader(t *testing.T) (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
+	r := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r))
+	t.Cleanup(func() { mp.Shutdown(context.Background()) })
+	return r, mp
+}
+
+// TestMetrics checks every instrument against what a sequence of calls
+// did, on both token bucket backends under controlled time.
+func TestMetrics(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			reader, mp := newReader(t)
+			key := "metrics-" + be.name
+			b := be.new(t, bucket.Limit{Rate: 10, Burst: 10}, bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 100, Burst: 1000}),
+				bucket.WithMeterProvider(mp))
+			ctx := context.Background()
+			served := "local"
+			if be.name == "redis" {
+				served = "redis"
+			}
+			// 10 requests at once, 1 delayed, 1 refused, 1 error.
+			for range 10 {
+				r, err := b.Reserve(ctx, key, bucket.Cost{bucket.Requests: 1, bucket.Tokens: 50}, 0)
+				require.NoError(t, err)
+				require.True(t, r.OK)
+			}
+			r, err := b.Reserve(ctx, key, bucket.N(1), time.Second)
+			require.NoError(t, err)
+			require.True(t, r.OK)
+			require.Equal(t, 100*time.Millisecond, r.Delay)
+			r, err = b.Reserve(ctx, key, bucket.N(1), 0)
+			require.NoError(t, err)
+			require.False(t, r.OK)
+			_, err = b.Reserve(ctx, key, bucket.N(11), 0)
+			require.Error(t, err)
+			require.NoError(t, b.Adjust(ctx, key, bucket.Cost{bucket.Tokens: -120}))
+			require.NoError(t, b.Adjust(ctx, key, bucket.Cost{bucket.Tokens: 30}))
+			// In debt by the delayed reservation; the tokens dimension
+			// refunded and debited.
+			got := points(t, reader)
+			assert.Equal(t, -1.0, got["sluice.bucket.tokens.remaining{dimension=requests}"])
+			assert.Equal(t, 590.0, got["sluice.bucket.tokens.remaining{dimension=tokens}"])
+			assert.Equal(t, 1.0, got["sluice.bucket.rate.fraction{dimension=requests}"])
+			// A 429 with a pause, then two more: the third decreases the rate
+			// (threshold 3).
+			for range 3 {
+				require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: 200 * time.Millisecond}))
+			}
+
+			got = points(t, reader)
+			dec := func(d string) string {
+				return fmt.Sprintf("sluice.bucket.decisions{decision=%s,served_by=%s}", d, served)
+			}
+			want := map[string]float64{
+				dec("now"):     10,
+				dec("delayed"): 1,
+				dec("refused"): 1,
+				dec("error"):   1,
+				"sluice.bucket.tokens.charged{dimension=requests}":   11,
+				"sluice.bucket.tokens.charged{dimension=tokens}":     500,
+				"sluice.bucket.tokens.refunded{dimension=tokens}":    120,
+				"sluice.bucket.tokens.debited{dimension=tokens}":     30,
+				"sluice.bucket.wait.duration{}":                      11,
+				"sluice.bucket.pauses{}":                             1, // the later ones end no later
+				"sluice.bucket.rate.decreases{}":                     1,
+				"sluice.bucket.waiters{}":                            1, // wall clock: the delayed slot is 100 ms off
+				"sluice.bucket.tokens.remaining{dimension=requests}": got["sluice.bucket.tokens.remaining{dimension=requests}"],
+				"sluice.bucket.tokens.remaining{dimension=tokens}":   got["sluice.bucket.tokens.remaining{dimension=tokens}"],
+				"sluice.bucket.rate.fraction{dimension=requests}":    0.7,
+				"sluice.bucket.rate.fraction{dimension=tokens}":      0.7,
+			}
+			if be.name == "redis" {
+				want["sluice.bucket.redis.state{}"] = 0
+				want["sluice.bucket.members{}"] = 1
+			}
+			assert.Equal(t, want, got)
+			// Paused: empty at its end, as Tokens says.
+			assert.Equal(t, be.tokens(t, key)[bucket.Requests], got["sluice.bucket.tokens.remaining{dimension=requests}"])
+		})
+	}
+}
+
+// TestMetricsCardinality: with the defaults, a thousand keys make the same
+// series as one; a key label makes at most 32 labels and "other".
+func TestMetricsCardinality(t *testing.T) {
+	series := func(opts ...bucket.Option) map[string]float64 {
+		reader, mp := newReader(t)
+		b := bucket.NewLocal(bucket.PerSecond(1000), append(opts, bucket.WithMeterProvider(mp),
+			bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 1e6, Burst: 1e6}))...)
+		ctx := context.Background()
+		for i := range 1000 {
+			key := fmt.Sprintf("org-%d/model-%d", i, i%100)
+			_, err := b.Reserve(ctx, key, bucket.Cost{bucket.Requests: 1, bucket.Tokens: 10}, time.Second)
+			require.NoError(t, err)
+			require.NoError(t, b.Adjust(ctx, key, bucket.Cost{bucket.Tokens: -1}))
+			require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: time.Millisecond}))
+		}
+		return points(t, reader)
+	}
+	got := series()
+	t.Logf("1,000 keys, defaults: %d series", len(got))
+	assert.LessOrEqual(t, len(got), 50)
+	for name := range got {
+		assert.NotContains(t, name, "key=", name)
+		assert.NotContains(t, name, "org-", name)
+	}
+
+	got = series(bucket.WithMetricKeyLabel(func(key string) string { return key[strings.IndexByte(key, '/')+1:] }))
+	labels := map[string]bool{}
+	for name := range got {
+		if i := strings.Index(name, "key="); i >= 0 {
+			labels[strings.FieldsFunc(name[i+4:], func(r rune) bool { return r == ',' || r == '}' })[0]] = true
+		}
+	}
+	t.Logf("1,000 keys, 100 labels: %d series, %d labels", len(got), len(labels))
+	assert.Len(t, labels, 33)
+	assert.True(t, labels["other"])
+}
+
+// TestMetricAttributes: static attributes are on every measurement.
+func TestMetricAttributes(t *testing.T) {
+	reader, mp := newReader(t)
+	srv := redistest.Own(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { rdb.Close() })
+	b := bucket.NewFixedWindow(rdb, bucket.PerSecond(5), bucket.WithMeterProvider(mp),
+		bucket.WithMetricAttributes(attribute.String("upstream", "openai")))
+	ctx := context.Background()
+	for range 6 {
+		_, err := b.Reserve(ctx, "k", bucket.N(1), 0)
+		require.NoError(t, err)
+	}
+	got := points(t, reader)
+	var names []string
+	for name := range got {
+		assert.Contains(t, name, "upstream=openai", name)
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	t.Log(names)
+	assert.Equal(t, 5.0, got["sluice.bucket.decisions{decision=now,served_by=redis,upstream=openai}"])
+	assert.Equal(t, 1.0, got["sluice.bucket.decisions{decision=refused,served_by=redis,upstream=openai}"])
+	assert.Equal(t, 0.0, got["sluice.bucket.tokens.remaining{dimension=requests,upstream=openai}"])
+	assert.NotContains(t, got, "sluice.bucket.rate.fraction{dimension=requests,upstream=openai}", "a window does not adapt")
+}
+
+// TestMetricsOutage: calls served by the share, Redis's state and the
+// transitions, across a real redis-server stopped and started again.
+func TestMetricsOutage(t *testing.T) {
+	reader, mp := newReader(t)
+	srv := redistest.Own(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	b := bucket.NewRedis(rdb, bucket.PerSecond(100), bucket.WithMeterProvider(mp),
+		bucket.WithRedisTimeout(100*time.Millisecond))
+	ctx := context.Background()
+	_, err := b.Reserve(ctx, "k", bucket.N(1), 0)
+	require.NoError(t, err)
+	assert.Equal(t, 0.0, points(t, reader)["sluice.bucket.redis.state{}"])
+
+	srv.Stop()
+	for range 5 {
+		_, err := b.Reserve(ctx, "k", bucket.N(1), time.Minute) // a share starts empty
+		require.NoError(t, err)
+	}
+	got := points(t, reader)
+	assert.Equal(t, 1.0, got["sluice.bucket.redis.state{}"], "failing open")
+	assert.Equal(t, 1.0, got["sluice.bucket.redis.transitions{state=fail_open}"])
+	assert.Equal(t, 5.0, got["sluice.bucket.decisions{decision=now,served_by=share}"]+got["sluice.bucket.decisions{decision=delayed,served_by=share}"])
+	assert.NotContains(t, got, "sluice.bucket.tokens.remaining{dimension=requests}", "no read of a Redis that is down")
+
+	require.NoError(t, srv.Restart())
+	require.Eventually(t, func() bool {
+		_, err := b.Reserve(ctx, "k", bucket.N(1), 0)
+		return err == nil && points(t, reader)["sluice.bucket.redis.transitions{state=serving}"] == 1
+	}, 10*time.Second, 50*time.Millisecond)
+	got = points(t, reader)
+	assert.Equal(t, 0.0, got["sluice.bucket.redis.state{}"])
+	assert.Contains(t, got, "sluice.bucket.tokens.remaining{dimension=requests}")
+}
+
+// A bucket without a meter provider allocates nothing for metrics.
+func TestNoMetricsNoAllocations(t *testing.T) {
+	b := bucket.NewLocal(bucket.PerSecond(1e9))
+	ctx := context.Background()
+	cost := bucket.N(1)
+	allocs := testing.AllocsPerRun(1000, func() { _, _ = b.Reserve(ctx, "k", cost, 0) })
+	assert.Zero(t, allocs)
+}
