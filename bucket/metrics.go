@@ -151,9 +151,6 @@ func newMeters(c metricsConfig, dims []dim, read gauges, fo *failover) *meters {
 	}
 	m := &meters{dims: dims, static: c.attrs, label: c.label, read: read, fo: fo,
 		labels: make(map[string]*labelled)}
-	if m.label == nil {
-		m.one = m.newLabelled("", false)
-	}
 	mt := c.provider.Meter(meterName)
 	nm := noop.Meter{}
 	counter := func(name, unit, desc string) metric.Float64Counter {
@@ -186,6 +183,17 @@ func newMeters(c metricsConfig, dims []dim, read gauges, fo *failover) *meters {
 	m.entered = map[string]metric.MeasurementOption{}
 	for _, name := range []string{"serving", "fail_open", "fail_closed"} {
 		m.entered[name] = m.with(attribute.String(attrState, name))
+	}
+	if fo != nil {
+		down := "fail_closed"
+		if fo.open {
+			down = "fail_open"
+		}
+		m.transitions.Add(context.Background(), 0, m.entered[down])
+		m.transitions.Add(context.Background(), 0, m.entered["serving"])
+	}
+	if m.label == nil {
+		m.one = m.newLabelled("", false)
 	}
 	waiters, err1 := mt.Int64ObservableGauge(metricWaiters, metric.WithUnit("{reservation}"),
 		metric.WithDescription("Reservations this process holds whose slot has not come yet."))
@@ -245,6 +253,16 @@ func (m *meters) newLabelled(label string, keyed bool) *labelled {
 	for i, d := range m.dims {
 		l.dim[i] = m.with(append(extra[:len(extra):len(extra)], attribute.String(attrDimension, d.name))...)
 	}
+	// The counters start at zero, so that a rate of them is one from the
+	// start.
+	ctx := context.Background()
+	for _, o := range l.dim {
+		m.charged.Add(ctx, 0, o)
+		m.refunded.Add(ctx, 0, o)
+		m.debited.Add(ctx, 0, o)
+	}
+	m.decreases.Add(ctx, 0, l.base)
+	m.pauses.Add(ctx, 0, l.base)
 	return l
 }
 
