@@ -80,6 +80,10 @@
 //	-chart         file to draw the chart in, .png or .svg; empty for none (default "llmfleet.png")
 //	-reply-tokens  the fake API's completions stop after this many tokens;
 //	               0: each runs to its max_tokens (default 0)
+//	-metrics       host:port on which worker 1 serves its bucket's and
+//	               transport's metrics for Prometheus at /metrics while it
+//	               runs, worker k on port+k-1 (examples/observability has a
+//	               Grafana dashboard of them); empty: none (default "")
 package main
 
 import (
@@ -92,11 +96,13 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -158,6 +164,9 @@ type config struct {
 	redis                string
 	chart                string
 	replyTokens          int
+	metrics              string // host:port of the first worker's metrics; "": none
+	metricsHost          string
+	metricsPort          int
 }
 
 // errUsage reports command-line errors, already printed with the usage.
@@ -189,6 +198,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.redis, "redis", "", "Redis `URL` (redis://host:port, or host:port); empty serves an embedded Redis")
 	fs.StringVar(&c.chart, "chart", "llmfleet.png", "`file` to draw the chart in, .png or .svg; empty for none")
 	fs.IntVar(&c.replyTokens, "reply-tokens", 0, "the fake API's completions stop after this many tokens; 0: each runs to its max_tokens")
+	fs.StringVar(&c.metrics, "metrics", "", "`host:port` on which worker 1 serves its metrics for Prometheus at /metrics, worker k on port+k-1; empty: none")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err
@@ -224,6 +234,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		if c.apiKey == "" {
 			c.apiKey = os.Getenv("OPENAI_API_KEY")
 		}
+	}
+	if problem == "" && c.metrics != "" {
+		host, port, err := net.SplitHostPort(c.metrics)
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil || n < 1 || n+c.procs-1 > 65535 {
+			problem = fmt.Sprintf("-metrics must be host:port with room for %d ports from port, got %q", c.procs, c.metrics)
+		}
+		c.metricsHost, c.metricsPort = host, n
 	}
 	if problem == "" && c.redis != "" {
 		u, err := demo.RedisURL(c.redis)
@@ -318,6 +336,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			BaseURL: c.baseURL, APIKey: c.apiKey, Model: c.model, Redis: c.redis,
 			RPM: float64(c.rpm), TPM: float64(c.tpm), Burst: c.burst,
 			Start: start.UnixNano(),
+		}
+		if c.metrics != "" {
+			spec.Metrics = net.JoinHostPort(c.metricsHost, strconv.Itoa(c.metricsPort+i))
+			fmt.Fprintf(stdout, "metrics:  worker %d at http://%s/metrics while it runs\n", i+1, spec.Metrics)
 		}
 		w, err := startWorker(ctx, exe, spec)
 		if err != nil {

@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/examples/internal/demo"
 	"github.com/sluicehq/sluice/llmclient"
 	"github.com/sluicehq/sluice/llmclient/llmtest"
 )
@@ -216,4 +220,71 @@ func TestGroup(t *testing.T) {
 	for v, want := range map[float64]string{0: "0", 999: "999", 1000: "1,000", 600000: "600,000", 1234567.6: "1,234,568", -4200: "-4,200"} {
 		assert.Equal(t, want, group(v), "group(%v)", v)
 	}
+}
+
+// TestMetrics scrapes every worker's metrics while the fleet runs: each
+// shows every bucket metric, and the transport's.
+func TestMetrics(t *testing.T) {
+	base := freePorts(t, 2)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	done := make(chan error, 1)
+	go func() {
+		// 2 processes × 4 goroutines, about 6 s at the limit.
+		done <- run(ctx, []string{"-procs", "2", "-workers", "4", "-jobs", "80", "-rpm", "1200", "-tpm", "300000",
+			"-chart", "", "-metrics", net.JoinHostPort("127.0.0.1", strconv.Itoa(base))}, &stdout, &stderr)
+	}()
+	for k := range 2 {
+		url := fmt.Sprintf("http://127.0.0.1:%d/metrics", base+k)
+		var missing []string
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			resp, err := http.Get(url)
+			if err != nil {
+				continue // not serving yet
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			fams := demo.Families(string(b))
+			missing = missing[:0]
+			for _, f := range append(demo.BucketFamilies, "sluice_transport_attempts_total", "sluice_transport_wait_duration_seconds") {
+				if _, ok := fams[f]; !ok {
+					missing = append(missing, f)
+				}
+			}
+			if len(missing) == 0 {
+				break
+			}
+		}
+		assert.Empty(t, missing, "worker %d: metrics missing from the scrape", k+1)
+	}
+	require.NoError(t, <-done, stderr.String())
+	out := stdout.String()
+	assert.Contains(t, out, fmt.Sprintf("metrics:  worker 2 at http://127.0.0.1:%d/metrics while it runs", base+1))
+	assert.Equal(t, 80, parseSummary(t, out).ok)
+}
+
+// freePorts returns the first of n consecutive ports that are free now.
+func freePorts(t *testing.T, n int) int {
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		base := ln.Addr().(*net.TCPAddr).Port
+		lns := []net.Listener{ln}
+		ok := base+n-1 <= 65535
+		for k := 1; k < n && ok; k++ {
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(base+k)))
+			if ok = err == nil; ok {
+				lns = append(lns, l)
+			}
+		}
+		for _, l := range lns {
+			l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free consecutive ports")
+	return 0
 }

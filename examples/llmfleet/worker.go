@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -17,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/examples/internal/demo"
 	"github.com/sluicehq/sluice/llmclient"
+	"github.com/sluicehq/sluice/transport"
 )
 
 // workerEnv, when set, makes the process a worker; its value is the
@@ -44,6 +46,8 @@ type workerSpec struct {
 	TPM   float64       `json:"tpm"`
 	Burst time.Duration `json:"burst"`
 	Start int64         `json:"start"` // unix nanoseconds: the fleet's common start
+	// Metrics is the address on which to serve the metrics; "": none.
+	Metrics string `json:"metrics,omitempty"`
 }
 
 // message is one line a worker writes on its stdout: a job's result, or
@@ -110,7 +114,23 @@ func work(ctx context.Context, spec workerSpec, w io.Writer) error {
 	// The fleet's one bucket: every process makes the same, on the same
 	// key (the API's host and a hash of the API key), in the same Redis.
 	requests, tokens := fleetLimits(spec.RPM, spec.TPM, spec.Burst)
-	led := &ledger{Bucket: bucket.NewRedis(rdb, requests, bucket.WithLimit(bucket.Tokens, tokens))}
+	bopts := []bucket.Option{bucket.WithLimit(bucket.Tokens, tokens)}
+	var topts []transport.Option
+	if spec.Metrics != "" {
+		ln, err := net.Listen("tcp", spec.Metrics)
+		if err != nil {
+			return fmt.Errorf("serve metrics: %w", err)
+		}
+		m, err := demo.ServeMetrics(ln)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		defer m.Close()
+		bopts = append(bopts, bucket.WithMeterProvider(m.Provider))
+		topts = append(topts, transport.WithMeterProvider(m.Provider))
+	}
+	led := &ledger{Bucket: bucket.NewRedis(rdb, requests, bopts...)}
 
 	base := http.DefaultTransport.(*http.Transport).Clone()
 	base.MaxIdleConnsPerHost = spec.Workers
@@ -118,7 +138,8 @@ func work(ctx context.Context, spec workerSpec, w io.Writer) error {
 	up := &upstream{base: base}
 	client := llmclient.New(spec.BaseURL, spec.APIKey,
 		llmclient.WithBucket(led),
-		llmclient.WithHTTPClient(&http.Client{Transport: up}))
+		llmclient.WithHTTPClient(&http.Client{Transport: up}),
+		llmclient.WithTransportOptions(topts...))
 
 	var (
 		mu     sync.Mutex

@@ -42,13 +42,9 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel/attribute"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/examples/internal/demo"
@@ -101,24 +97,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, ready cha
 	}
 
 	// The metrics: an OpenTelemetry MeterProvider whose reader is the
-	// Prometheus exporter, registered in a registry of our own.
-	reg := prometheus.NewRegistry()
-	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
-	if err != nil {
-		return err
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	defer mp.Shutdown(context.Background())
+	// Prometheus exporter (examples/internal/demo/metrics.go).
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return err
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	defer srv.Close()
-	url := "http://" + ln.Addr().String() + "/metrics"
+	metrics, err := demo.ServeMetrics(ln)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer metrics.Close()
+	mp, url := metrics.Provider, metrics.URL
 	fmt.Fprintf(stdout, "observability: metrics at %s for %v\n", url, *duration)
 
 	rdb, closeRedis, err := dial(*redisAddr)

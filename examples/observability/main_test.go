@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -16,25 +15,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-)
 
-// bucketFamilies are the Prometheus names of every bucket instrument, as
-// the OpenTelemetry exporter writes them.
-var bucketFamilies = []string{
-	"sluice_bucket_decisions_total",
-	"sluice_bucket_tokens_charged_total",
-	"sluice_bucket_tokens_refunded_total",
-	"sluice_bucket_tokens_debited_total",
-	"sluice_bucket_wait_duration_seconds",
-	"sluice_bucket_waiters",
-	"sluice_bucket_rate_decreases_total",
-	"sluice_bucket_pauses_total",
-	"sluice_bucket_tokens_remaining",
-	"sluice_bucket_rate_fraction_ratio",
-	"sluice_bucket_redis_state",
-	"sluice_bucket_redis_transitions_total",
-	"sluice_bucket_members",
-}
+	"github.com/sluicehq/sluice/examples/internal/demo"
+)
 
 // transportFamilies are the transport's.
 var transportFamilies = []string{
@@ -71,7 +54,7 @@ func TestScrapeAndDashboard(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		scrape = get(t, url)
-		families = typesOf(scrape)
+		families = demo.Families(scrape)
 		if missing := missingOf(families); len(missing) == 0 || time.Now().After(deadline) {
 			assert.Empty(t, missing, "metrics missing from the scrape")
 			break
@@ -134,21 +117,9 @@ func get(t *testing.T, url string) string {
 	return string(b)
 }
 
-// typesOf returns the families of a text exposition, with their types.
-func typesOf(scrape string) map[string]string {
-	out := map[string]string{}
-	sc := bufio.NewScanner(strings.NewReader(scrape))
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
-			out[f[2]] = f[3]
-		}
-	}
-	return out
-}
-
 func missingOf(families map[string]string) []string {
 	var missing []string
-	for _, f := range slices.Concat(bucketFamilies, transportFamilies) {
+	for _, f := range slices.Concat(demo.BucketFamilies, transportFamilies) {
 		if _, ok := families[f]; !ok {
 			missing = append(missing, f)
 		}
