@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"iter"
 	"net/http"
 	"strings"
 
+	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/peek"
 	"github.com/sluicehq/sluice/transport"
 )
@@ -22,10 +24,11 @@ import (
 //
 // Client is safe for concurrent use.
 type Client struct {
-	url     string // of the chat completions endpoint
-	apiKey  string
-	http    *http.Client
-	maxRead int64 // WithMaxResponseBytes
+	url       string // of the chat completions endpoint
+	apiKey    string
+	http      *http.Client
+	maxRead   int64 // WithMaxResponseBytes
+	estimated bool  // by Estimate: no WithEstimator
 }
 
 // New returns a Client of the API at baseURL, such as
@@ -36,13 +39,35 @@ func New(baseURL, apiKey string, opts ...Option) *Client {
 	c := newConfig(opts)
 	hc := *c.http
 	hc.Transport = transport.New(hc.Transport, append([]transport.Option{
-		transport.WithBucket(c.bucket),
+		OpenAI(c.bucket),
 		transport.WithKey(c.key),
 		transport.WithCost(RequestCost(c.estimator)),
-		transport.WithUsage(MeterUsage),
 	}, c.transport...)...)
 	return &Client{url: strings.TrimSuffix(baseURL, "/") + "/chat/completions", apiKey: apiKey, http: &hc,
-		maxRead: c.maxRead}
+		maxRead: c.maxRead, estimated: c.estimator == nil}
+}
+
+// explainEstimate says what Estimate charged the request body is and what
+// to set.
+func explainEstimate(body any) string {
+	req, ok := body.(ChatRequest)
+	if sr, isStream := body.(streamRequest); isStream {
+		req, ok = sr.ChatRequest, true
+	}
+	if !ok {
+		return "the call's estimate is larger than the tokens burst"
+	}
+	completion, from := req.MaxCompletionTokens, "MaxCompletionTokens"
+	if completion <= 0 {
+		completion, from = req.MaxTokens, "MaxTokens"
+	}
+	if completion <= 0 {
+		completion, from = defaultCompletion, "MaxTokens unset, so 1,024 were assumed"
+	}
+	total := Estimate(req)
+	return fmt.Sprintf("the call's estimate, %d tokens, is %d for the prompt (its characters / 4, and 4 a message) "+
+		"and %d for the completion (%s): set MaxTokens lower, or the tokens limit's burst higher",
+		total, total-completion, completion, from)
 }
 
 // Chat sends req and returns the completion. An error the provider answers
@@ -178,6 +203,9 @@ func (c *Client) post(ctx context.Context, body any) (*http.Response, error) {
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		if ce := (*bucket.CostError)(nil); errors.As(err, &ce) && ce.Dim == bucket.Tokens && c.estimated {
+			return nil, fmt.Errorf("llmclient: %s: %w", explainEstimate(body), err)
+		}
 		return nil, fmt.Errorf("llmclient: %w", err)
 	}
 	if resp.StatusCode/100 != 2 {

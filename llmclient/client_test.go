@@ -154,8 +154,8 @@ func TestDefaultKeyHashesTheAPIKey(t *testing.T) {
 	_, err := c.Chat(t.Context(), hello)
 	require.NoError(t, err)
 	host := strings.TrimSuffix(s.URL, "/v1")
-	k := host + "#" + transport.Fingerprint("sk-secret-key")
-	assert.Equal(t, float64(testTPM-helloUsage), b.Tokens(k)[bucket.Tokens])
+	k := host + "#" + transport.Fingerprint("sk-secret-key") + "/" + hello.Model
+	assert.Equal(t, float64(testTPM-helloUsage), b.Tokens(k)[bucket.Tokens], "ModelKey: the credential's hash and the model")
 }
 
 func TestDefaultBucket(t *testing.T) {
@@ -169,6 +169,14 @@ func TestDefaultBucket(t *testing.T) {
 	big.MaxTokens = 1000
 	_, err = c.Chat(t.Context(), big)
 	assert.ErrorIs(t, err, bucket.ErrExceedsBurst)
+	assert.ErrorContains(t, err, "the call's estimate, 1007 tokens, is 7 for the prompt")
+	assert.ErrorContains(t, err, "1000 for the completion (MaxTokens): set MaxTokens lower, or the tokens limit's burst higher")
+	unset := hello
+	unset.MaxTokens = 0
+	for _, err = range c.ChatStream(t.Context(), unset) {
+	}
+	assert.ErrorContains(t, err, "1024 for the completion (MaxTokens unset, so 1,024 were assumed)")
+	assert.ErrorContains(t, err, `cost 1031 of "tokens" exceeds burst 200`)
 	assert.EqualValues(t, 1, s.Stats().Accepted)
 }
 

@@ -41,8 +41,7 @@ func newConfig(opts []Option) config {
 	c := config{
 		rpm:       defaultRPM,
 		tpm:       defaultTPM,
-		key:       transport.CredentialKey,
-		estimator: Estimate,
+		key:       ModelKey,
 		http:      &http.Client{},
 		maxRead:   defaultMaxRead,
 	}
@@ -88,8 +87,8 @@ func WithLimits(rpm, tpm float64) Option {
 }
 
 // WithKey sets the bucket key a call is charged to. The default is
-// transport.CredentialKey: the base URL's scheme and host and a hash of the
-// API key, never the key itself.
+// ModelKey: the base URL's scheme and host, a hash of the API key (never
+// the key itself) or the organisation, and the model.
 func WithKey(f func(*http.Request) string) Option {
 	return optionFunc(func(c *config) {
 		if f != nil {

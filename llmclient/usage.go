@@ -2,9 +2,13 @@ package llmclient
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
@@ -233,6 +237,8 @@ type sseMeter struct {
 	final bool  // a final usage was found: at the top level or in "response"
 	fb    adaptive.Feedback
 	hasFB bool
+	chunk bool // an OpenAI chat.completion.chunk was seen
+	done  bool // and the stream's data: [DONE]
 }
 
 func newSSEMeter() *sseMeter {
@@ -248,6 +254,8 @@ func (m *sseMeter) Write(p []byte) (int, error) { return m.dec.Write(p) }
 var (
 	tokensField = []byte(`_tokens"`)
 	errorField  = []byte(`"error"`)
+	chunkObject = []byte(`"chat.completion.chunk"`)
+	doneData    = []byte(`[DONE]`)
 )
 
 // event reads the usage of an event, if it has one, and what an error event
@@ -255,6 +263,11 @@ var (
 func (m *sseMeter) event(data []byte, tooLarge bool) bool {
 	if tooLarge {
 		return true
+	}
+	if !m.chunk {
+		m.chunk = bytes.Contains(data, chunkObject)
+	} else if bytes.Equal(data, doneData) {
+		m.done = true
 	}
 	if bytes.Contains(data, errorField) {
 		if fb, ok := adaptive.ParseStreamError(data); ok {
@@ -286,9 +299,27 @@ func (m *sseMeter) event(data []byte, tooLarge bool) bool {
 func (m *sseMeter) Cost() (bucket.Cost, bool) {
 	m.dec.flush() // a last line with no newline, a last event with no blank line
 	if !m.final {
+		if m.chunk && m.done {
+			warnNoUsage()
+		}
 		return nil, false
 	}
 	return m.u.cost()
+}
+
+// warnedNoUsage is when warnNoUsage last logged, Unix ns.
+var warnedNoUsage atomic.Int64
+
+// warnNoUsage logs, at most once a minute, that a chat completion stream
+// ended without a usage: its charge stands unreconciled.
+func warnNoUsage() {
+	now, last := time.Now().UnixNano(), warnedNoUsage.Load()
+	if now-last < int64(time.Minute) || !warnedNoUsage.CompareAndSwap(last, now) {
+		return
+	}
+	slog.Default().LogAttrs(context.Background(), slog.LevelWarn,
+		"sluice: a streamed chat completion reported no usage, so its charge (the prompt's estimate and max_tokens) "+
+			"was not reconciled: set stream_options.include_usage (openai-go: StreamOptions.IncludeUsage) in streamed requests")
 }
 
 // Feedback implements transport.FeedbackMeter: the last error event of the

@@ -2,6 +2,7 @@ package llmclient_test
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -187,4 +188,31 @@ func TestMeterUsageInputOutput(t *testing.T) {
 			assert.Equal(t, tc.want, c)
 		})
 	}
+}
+
+// TestStreamWithoutUsageWarns: an OpenAI stream that ends without a usage,
+// its charge left unreconciled, is logged at warn level, once a minute at
+// most; one that reports its usage, or is cut off, is not.
+func TestStreamWithoutUsageWarns(t *testing.T) {
+	var logs strings.Builder
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logs, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	llmclient.ResetNoUsageWarning()
+	const chunk = "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n"
+	feed := func(body string) {
+		m := meterResponse(t, "text/event-stream")
+		_, err := m.Write([]byte(body))
+		require.NoError(t, err)
+		m.Cost()
+	}
+	feed(chunk + "data: {\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"total_tokens\":4}}\n\ndata: [DONE]\n\n")
+	feed(chunk) // cut off: it may have been the caller's doing
+	assert.Empty(t, logs.String())
+	feed(chunk + "data: [DONE]\n\n")
+	assert.Contains(t, logs.String(), "level=WARN")
+	assert.Contains(t, logs.String(), "stream_options.include_usage")
+	n := len(logs.String())
+	feed(chunk + "data: [DONE]\n\n")
+	assert.Len(t, logs.String(), n, "once a minute at most")
 }

@@ -22,6 +22,18 @@ type optionFunc func(*config)
 
 func (f optionFunc) apply(c *config) { f(c) }
 
+// Options is opts as one Option, applied in order: what a preset returns
+// (see llmclient.OpenAI).
+func Options(opts ...Option) Option {
+	return optionFunc(func(c *config) {
+		for _, o := range opts {
+			if o != nil {
+				o.apply(c)
+			}
+		}
+	})
+}
+
 type config struct {
 	bucket  bucket.Bucket
 	key     func(*http.Request) string

@@ -252,8 +252,12 @@ func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now 
 		}
 		r, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait)
 		if err != nil {
-			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			switch {
+			case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 				return 0, err
+			case errors.Is(err, bucket.ErrExceedsBurst):
+				return 0, fmt.Errorf("transport: the request's cost (WithCost) can never be admitted: %w: "+
+					"lower the cost (an LLM call's max_tokens) or raise the dimension's burst", err)
 			}
 			return 0, fmt.Errorf("transport: %w", err)
 		}

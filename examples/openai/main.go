@@ -152,12 +152,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// every process of a fleet.
 	b := &ledger{Bucket: bucket.NewLocal(bucket.PerMinute(c.rpm),
 		bucket.WithLimit(bucket.Tokens, bucket.PerMinute(c.tpm)))}
-	httpClient := transport.NewClient(
-		transport.WithBucket(b),
-		transport.WithKey(transport.CredentialKey),     // one bucket per API key, hashed
-		transport.WithCost(llmclient.RequestCost(nil)), // {requests: 1, tokens: estimate}
-		transport.WithUsage(llmclient.MeterUsage),      // reconciled with the usage
-	)
+	// The preset: keyed by model and hashed API key, charged {requests: 1,
+	// tokens: estimate}, reconciled with the usage.
+	httpClient := transport.NewClient(llmclient.OpenAI(b))
 	client := openai.NewClient(
 		option.WithBaseURL(c.baseURL),
 		option.WithAPIKey(c.apiKey),

@@ -14,7 +14,7 @@ import (
 
 // TestFirstProgramBuilds extracts the README's first Go block, a complete
 // program, and builds it in a module of its own that requires sluice (this
-// checkout) as a user's would.
+// checkout) and openai-go (at this module's version) as a user's would.
 func TestFirstProgramBuilds(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {
@@ -35,19 +35,24 @@ func TestFirstProgramBuilds(t *testing.T) {
 	if !ok {
 		t.Fatal("README: the first program's block is not closed")
 	}
-	if n := strings.Count(program, "\n") + 1; n > 40 {
-		t.Errorf("the first program is %d lines; keep it short", n)
+	if n := strings.Count(program, "\n") + 1; n > 25 {
+		t.Errorf("the first program is %d lines; keep it to 25", n)
 	}
 	dir := t.TempDir()
-	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
-	if err != nil {
-		t.Fatal(err)
+	var sums []byte
+	for _, f := range []string{"go.sum", "compat/go.sum"} {
+		sum, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sums = append(sums, sum...)
 	}
+	openai := requirement(t, filepath.Join(root, "compat/go.mod"), "github.com/openai/openai-go/v3")
 	for name, data := range map[string]string{
 		"main.go": "package main\n" + program,
-		"go.mod": "module readme\n\ngo 1.26.0\n\nrequire github.com/sluicehq/sluice v0.0.0\n\n" +
+		"go.mod": "module readme\n\ngo 1.26.0\n\nrequire (\n\tgithub.com/sluicehq/sluice v0.0.0\n\t" + openai + "\n)\n\n" +
 			"replace github.com/sluicehq/sluice => " + root + "\n",
-		"go.sum": string(sum),
+		"go.sum": string(sums),
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
 			t.Fatal(err)
@@ -60,6 +65,22 @@ func TestFirstProgramBuilds(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("the README's first program does not build: %v\n%s", err, out)
 	}
+}
+
+// requirement returns the line of the go.mod at path that requires mod:
+// "mod version".
+func requirement(t *testing.T, path, mod string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == mod {
+			return f[0] + " " + f[1]
+		}
+	}
+	t.Fatalf("%s does not require %s", path, mod)
+	return ""
 }
 
 // TestTestCommandCoversEveryModule checks that the README's test command,
