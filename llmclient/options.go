@@ -39,11 +39,11 @@ const defaultMaxRead = 16 << 20
 
 func newConfig(opts []Option) config {
 	c := config{
-		rpm:       defaultRPM,
-		tpm:       defaultTPM,
-		key:       ModelKey,
-		http:      &http.Client{},
-		maxRead:   defaultMaxRead,
+		rpm:     defaultRPM,
+		tpm:     defaultTPM,
+		key:     ModelKey,
+		http:    &http.Client{},
+		maxRead: defaultMaxRead,
 	}
 	for _, o := range opts {
 		if o != nil {
