@@ -9,7 +9,8 @@ import (
 )
 
 // adaptation is a token bucket's adaptive law with the times it scales to
-// the limit's window: the longest Burst/Rate among the dimensions.
+// the limit's window: the longest Burst/Rate among the dimensions (not
+// counting their longer windows, WithWindow).
 //
 // What a response teaches a key is hostile input (a lying upstream, a
 // proxy's bug) and is bounded before it reaches the key's state: a pause
@@ -40,7 +41,9 @@ const minReported = 1
 func newAdaptation(p adaptive.Policy, dims []dim) adaptation {
 	var window float64 // seconds
 	for _, d := range dims {
-		window = max(window, d.limit.Burst/d.limit.Rate)
+		if !d.window() { // a window takes no part in the law
+			window = max(window, d.limit.Burst/d.limit.Rate)
+		}
 	}
 	return adaptation{
 		policy:   p,

@@ -318,7 +318,9 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 		evictable: p.evictable, log: p.logger, dims: dims, clock: c.clock, contact: newContact(),
 		policy: c.policy}
 	for _, d := range dims {
-		f.window = max(f.window, wait.Seconds(d.limit.Burst/d.limit.Rate))
+		if !d.window() { // which start full, not cold
+			f.window = max(f.window, wait.Seconds(d.limit.Burst/d.limit.Rate))
+		}
 	}
 	if f.timeout <= 0 {
 		f.timeout = defaultRedisTimeout

@@ -82,7 +82,7 @@ const maxWindow = 1 << 52
 
 // windowParam is the scripts' number for a windowed limit: its window in
 // microseconds.
-func windowParam(l Limit) any { return strconv.FormatInt(windowMicros(l), 10) }
+func windowParam(d dim) any { return strconv.FormatInt(windowMicros(d.limit), 10) }
 
 // windowMicros is the length of l's window, Burst/Rate seconds, in whole
 // microseconds: at least 1, at most maxWindow.

@@ -34,6 +34,10 @@ func PerSecond(n float64) Limit { return Limit{Rate: n, Burst: n} }
 // shape of most LLM providers' published limits (RPM, TPM).
 func PerMinute(n float64) Limit { return Limit{Rate: n / 60, Burst: n} }
 
+// PerDay returns a Limit of n tokens per day with a burst of n: a daily
+// cap, to give WithWindow beside a per-minute limit.
+func PerDay(n float64) Limit { return Limit{Rate: n / 86400, Burst: n} }
+
 // String formats l as "5/s burst 10".
 func (l Limit) String() string {
 	return strconv.FormatFloat(l.Rate, 'g', -1, 64) + "/s burst " +
@@ -84,18 +88,24 @@ func (c Cost) Neg() Cost {
 	return d
 }
 
-// dim is one configured dimension of a bucket.
+// dim is one configured dimension of a bucket, or a longer window of one
+// (WithWindow).
 type dim struct {
-	name  string
+	name  string // unique in the bucket: a window's is "<of>/<its length>"
+	of    string // the dimension whose amount it takes: name, unless a window
 	limit Limit
 	// pre-formatted (and boxed) for the Redis scripts
 	burst any
 }
 
+// window reports whether d is a longer window of a dimension (WithWindow):
+// exact, it takes no part in the adaptive law.
+func (d dim) window() bool { return d.of != d.name }
+
 func (d dim) checkCost(v float64) error {
 	switch {
 	case math.IsNaN(v) || v < 0 || math.IsInf(v, 0):
-		return &CostError{Dim: d.name, Cost: v, Burst: d.limit.Burst, err: ErrInvalidCost}
+		return &CostError{Dim: d.of, Cost: v, Burst: d.limit.Burst, err: ErrInvalidCost}
 	case v > d.limit.Burst:
 		return &CostError{Dim: d.name, Cost: v, Burst: d.limit.Burst, err: ErrExceedsBurst}
 	}

@@ -100,7 +100,7 @@ func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservati
 		return Reservation{}, ErrInvalidKey
 	}
 	for i := range l.dims {
-		if err := l.dims[i].checkCost(cost[l.dims[i].name]); err != nil {
+		if err := l.dims[i].checkCost(cost[l.dims[i].of]); err != nil {
 			return Reservation{}, err
 		}
 	}
@@ -111,7 +111,7 @@ func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservati
 	f := l.fraction(k, now)
 	var secs float64 // the wait, in seconds after k.last
 	for i, d := range l.dims {
-		c := cost[d.name]
+		c := cost[d.of]
 		if c == 0 {
 			continue // a dimension not charged is not held back by its debt
 		}
@@ -127,9 +127,9 @@ func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservati
 		return Reservation{RetryAfter: w, Epoch: k.epoch}, nil
 	}
 	for i, d := range l.dims {
-		k.tokens[i] -= cost[d.name]
+		k.tokens[i] -= cost[d.of]
 		if k.provider != nil {
-			k.provider[i] -= cost[d.name] // NaN stays NaN
+			k.provider[i] -= cost[d.of] // NaN stays NaN
 		}
 	}
 	return Reservation{OK: true, Delay: w, Epoch: k.epoch}, nil
@@ -152,7 +152,7 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 	k := l.advance(key, now, nil)
 	for i, d := range l.dims {
 		// A debit takes at most a burst: no call can cost more (see Adjust).
-		debit := min(delta[d.name], l.maxDebit[i])
+		debit := min(delta[d.of], l.maxDebit[i])
 		k.tokens[i] = min(k.tokens[i]-debit, l.burst(k, i, l.fraction(k, now)))
 		if _, _, pb, ok := k.prov(i); ok {
 			k.provider[i] = min(k.provider[i]-debit, pb)
@@ -213,6 +213,12 @@ func (l *Local) observe(key string, fb adaptive.Feedback) (decreased, paused boo
 		if until := now.Add(d); until.After(k.last) {
 			f := l.fraction(k, now)
 			for i := range k.tokens {
+				if l.dims[i].window() {
+					// Not paused: it would lose what it holds, for its
+					// whole refill. It refills meanwhile.
+					k.tokens[i] = min(k.tokens[i]+until.Sub(k.last).Seconds()*l.rate(k, i, f), l.burst(k, i, f))
+					continue
+				}
 				k.tokens[i] = pauseTokens(k.tokens[i], until.Sub(k.last), l.rate(k, i, f))
 				if pt, pr, pb, ok := k.prov(i); ok { // it refills meanwhile
 					k.provider[i] = min(pb, pt+until.Sub(k.last).Seconds()*pr)
@@ -286,7 +292,7 @@ func (l *Local) reports(fb adaptive.Feedback) (reports []report, rated bool) {
 	reports = make([]report, len(l.dims))
 	for i, d := range l.dims {
 		reports[i] = report{rem: -1}
-		if q, ok := fb.Quotas[d.name]; ok {
+		if q, ok := fb.Quotas[d.name]; ok && !d.window() { // a report speaks of the dimension's own limit
 			reports[i] = l.adapt.report(q, d.limit)
 			rated = rated || reports[i].rate > 0
 		}
@@ -318,8 +324,12 @@ func (l *Local) fraction(k *localKey, now time.Time) float64 {
 	return law.Fraction(l.adapt.policy, k.after, now.Sub(k.decreased), l.adapt.span)
 }
 
-// rate is dimension i's refill rate for k at fraction f.
+// rate is dimension i's refill rate for k at fraction f (which does not
+// scale a window).
 func (l *Local) rate(k *localKey, i int, f float64) float64 {
+	if l.dims[i].window() {
+		return l.dims[i].limit.Rate
+	}
 	r := l.dims[i].limit.Rate
 	if k.rate != nil && k.rate[i] > 0 {
 		r = min(r, k.rate[i])
@@ -330,6 +340,9 @@ func (l *Local) rate(k *localKey, i int, f float64) float64 {
 // burst is dimension i's capacity for k at fraction f: scaled as the rate
 // is, or a slowed key would gather the burst of its ceiling while idle.
 func (l *Local) burst(k *localKey, i int, f float64) float64 {
+	if l.dims[i].window() {
+		return l.dims[i].limit.Burst
+	}
 	b := l.dims[i].limit.Burst
 	if k.burst != nil && k.burst[i] > 0 {
 		b = min(b, k.burst[i])
@@ -390,10 +403,14 @@ func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 		}
 		for i, d := range l.dims {
 			switch {
+			case d.window():
+				// Full, in a share too: empty, it would hold the fleet to
+				// its refill, a day's for a daily window.
+				k.tokens[i] = d.limit.Burst
 			case l.start != nil:
 				k.tokens[i] = 0
 			case l.adapt.policy.ColdStart:
-				k.tokens[i] = min(d.limit.Burst, first[d.name])
+				k.tokens[i] = min(d.limit.Burst, first[d.of])
 			default:
 				k.tokens[i] = d.limit.Burst
 			}

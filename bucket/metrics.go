@@ -319,7 +319,7 @@ func (m *meters) reserved(key string, cost Cost, r Reservation, err error, by se
 		return
 	}
 	for i, dm := range m.dims {
-		if v := cost[dm.name]; v > 0 {
+		if v := cost[dm.of]; v > 0 {
 			m.charged.Add(ctx, v, l.dim[i])
 		}
 	}
@@ -338,7 +338,7 @@ func (m *meters) adjusted(key string, delta Cost) {
 	ctx := context.Background()
 	l := m.of(key)
 	for i, dm := range m.dims {
-		switch v := delta[dm.name]; {
+		switch v := delta[dm.of]; {
 		case v < 0:
 			m.refunded.Add(ctx, -v, l.dim[i])
 		case v > 0:

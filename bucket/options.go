@@ -1,12 +1,14 @@
 package bucket
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/internal/law"
+	"github.com/sluicehq/sluice/internal/wait"
 )
 
 // Option configures a bucket at construction. Each option says which
@@ -61,6 +63,7 @@ type config struct {
 	clock   Clock
 	prefix  string
 	policy  adaptive.Policy
+	windows []window
 	redis   redisPolicy   // failover.go
 	metrics metricsConfig // metrics.go
 }
@@ -78,6 +81,29 @@ func (systemClock) Now() time.Time { return time.Now() }
 // constructor is the Requests dimension's; WithLimit(Requests, l) replaces it.
 func WithLimit(dim string, l Limit) Option {
 	return option{"WithLimit", forAll, func(c *config) { c.limits[dim] = l }}
+}
+
+// WithWindow limits dimension dim over a longer window as well, such as
+// PerDay(10_000) beside PerMinute(500): every call takes its amount of dim
+// from each of dim's windows, all or nothing, and waits for the one that
+// refills last. A window is exact: the adaptive law neither cuts nor
+// pauses it, and the provider's reports (which speak of the dimension's
+// own limit) leave it alone; so a per-minute refusal costs the day nothing.
+// Its state lasts as long as it takes to refill, a day for a daily window;
+// a Redis that lost it (a restart, an outage) starts it full. In Redis,
+// Tokens and the metrics it is the dimension "<dim>/<its length>", such as
+// "requests/24h0m0s". dim must be limited (the constructor's Requests, or
+// WithLimit). It panics with a *LimitError if l is invalid.
+func WithWindow(dim string, l Limit) Option {
+	return option{"WithWindow", forAll, func(c *config) {
+		c.windows = append(c.windows, window{dim, l})
+	}}
+}
+
+// window is a WithWindow.
+type window struct {
+	of    string
+	limit Limit
 }
 
 // WithClock makes the Local backend, and the fallback of a Redis-backed one,
@@ -141,9 +167,25 @@ func newConfig(backend backends, ctor string, requests Limit, opts []Option) (co
 		}
 		dims = append(dims, dim{
 			name:  name,
+			of:    name,
 			limit: l,
 			burst: scriptArg(l.Burst),
 		})
+	}
+	for _, w := range c.windows {
+		if err := w.limit.Validate(); err != nil {
+			le := err.(*LimitError)
+			le.Dim = w.of
+			panic(le)
+		}
+		if _, ok := c.limits[w.of]; !ok {
+			panic(&LimitError{Dim: w.of, Limit: w.limit, Reason: "a window of a dimension that has no limit (give it WithLimit)"})
+		}
+		name := w.of + "/" + wait.Seconds(w.limit.Burst/w.limit.Rate).String()
+		if slices.ContainsFunc(dims, func(d dim) bool { return d.name == name }) {
+			panic(&LimitError{Dim: w.of, Limit: w.limit, Reason: "a second window of the same length"})
+		}
+		dims = append(dims, dim{name: name, of: w.of, limit: w.limit, burst: scriptArg(w.limit.Burst)})
 	}
 	sort.Slice(dims, func(i, j int) bool { return dims[i].name < dims[j].name })
 	return c, dims

@@ -27,7 +27,7 @@ var _ Bucket = (*Redis)(nil)
 // each dimension given WithLimit to its own. It makes no call to Redis. It
 // panics with a *LimitError if a limit is invalid.
 func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
-	r := &Redis{scripted: newScripted(rdb, forRedis, "NewRedis", limit, opts, "", func(l Limit) any { return scriptArg(l.Rate) })}
+	r := &Redis{scripted: newScripted(rdb, forRedis, "NewRedis", limit, opts, "", tokenParam)}
 	r.state = true
 	r.debit = func(ctx context.Context, key string, c Cost) error {
 		return r.adjustWith(ctx, adjustScript, key, c, true, smallAmounts[0], r.span, r.flags())
@@ -36,6 +36,15 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	r.meter(r.gauges)
 	return r
+}
+
+// tokenParam is the scripts' number for a token bucket's dimension: its
+// rate, negated for a window (WithWindow), which the law does not scale.
+func tokenParam(d dim) any {
+	if d.window() {
+		return scriptArg(-d.limit.Rate)
+	}
+	return scriptArg(d.limit.Rate)
 }
 
 // Reserve implements Bucket with one call to Redis (or none, if cost charges
@@ -100,7 +109,7 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 	for i, d := range r.dims {
 		keys = append(keys, r.dimKey(base, d.name))
 		rp := report{rem: -1}
-		if q, ok := fb.Quotas[d.name]; ok {
+		if q, ok := fb.Quotas[d.name]; ok && !d.window() { // a report speaks of the dimension's own limit
 			rp = r.adapt.report(q, d.limit)
 		}
 		if rp.rate > 0 {

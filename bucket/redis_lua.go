@@ -90,6 +90,10 @@ end
 -- missing hash is full, or on a cold start holds only first, the amount of
 -- the reservation that creates it.
 local function refill(key, rate, burst, f, first)
+  local exact = rate < 0 -- a window (WithWindow): not scaled, never cold
+  if exact then
+    rate, f = -rate, 1
+  end
   local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx', 'p')
   local learnt = s[6] and tonumber(s[6]) > now
   local pr, pb
@@ -103,7 +107,7 @@ local function refill(key, rate, burst, f, first)
   rate, burst = rate * f, burst * f
   if not s[1] then
     local tk = burst
-    if cold then tk = math.min(burst, first) end
+    if cold and not exact then tk = math.min(burst, first) end
     return rate, burst, tk, now, 0, false
   end
   local rx
@@ -293,6 +297,11 @@ for i = 1, #KEYS - 1 do
   local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
   local rate, burst, tk, at, x, _, pr, pb, pt, rx = refill(key, crate, cburst, f, 0)
   local valid = tonumber(ARGV[o+5])
+  local f, nf, pause = f, nf, pause
+  if crate < 0 then
+    -- a window (WithWindow): not scaled, not paused, not reported on
+    crate, f, nf, pause = -crate, 1, 1, 0
+  end
   if pause > 0 and now + pause > at then
     -- empty at the pause's end but for the debt due after it (pauseTokens);
     -- the provider's bucket refills meanwhile

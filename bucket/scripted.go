@@ -32,7 +32,7 @@ type scripted struct {
 	m       *meters // nil: no metrics
 }
 
-func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit Limit, opts []Option, suffix string, param func(Limit) any) scripted {
+func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit Limit, opts []Option, suffix string, param func(dim) any) scripted {
 	c, dims := newConfig(backend, ctor, limit, opts)
 	if strings.ContainsAny(c.prefix, "{}") {
 		panic(fmt.Sprintf("bucket: prefix %q holds a brace: it would choose the Cluster hash slot", c.prefix))
@@ -40,7 +40,7 @@ func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit
 	s := scripted{rdb: rdb, dims: dims, param: make([]any, len(dims)), prefix: c.prefix, suffix: suffix,
 		policy: c.policy, fo: newFailover(rdb, c, dims), metrics: c.metrics}
 	for i, d := range dims {
-		s.param[i] = param(d.limit)
+		s.param[i] = param(d)
 	}
 	return s
 }
@@ -77,7 +77,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 	var base string
 	for i := range s.dims {
 		d := &s.dims[i]
-		v, ok := cost[d.name]
+		v, ok := cost[d.of]
 		if !ok || v == 0 {
 			continue
 		}

@@ -167,7 +167,7 @@ func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func
 	bursts := make([]float64, len(dims))
 	for i, d := range dims {
 		l := Limit{Rate: d.limit.Rate / float64(n), Burst: d.limit.Burst / float64(n)}
-		parts[i] = dim{name: d.name, limit: l, burst: scriptArg(l.Burst)}
+		parts[i] = dim{name: d.name, of: d.of, limit: l, burst: scriptArg(l.Burst)}
 		bursts[i] = d.limit.Burst
 	}
 	s := &share{members: n, local: newLocal(parts, clk, policy, start, bursts), owed: map[string]Cost{}}
@@ -187,11 +187,13 @@ func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func
 func (s *share) reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration, owe bool) (Reservation, error) {
 	var clipped, excess Cost
 	for _, d := range s.local.dims {
-		if v := cost[d.name]; v > d.limit.Burst {
+		if v := cost[d.of]; v > d.limit.Burst {
 			if clipped == nil {
 				clipped, excess = maps.Clone(cost), Cost{}
 			}
-			clipped[d.name], excess[d.name] = d.limit.Burst, v-d.limit.Burst
+			if d.limit.Burst < clipped[d.of] {
+				clipped[d.of], excess[d.of] = d.limit.Burst, v-d.limit.Burst
+			}
 		}
 	}
 	if clipped == nil {
@@ -237,7 +239,7 @@ func (s *share) owe(key string, c Cost) {
 	o := s.owed[key]
 	for _, d := range s.local.dims {
 		v, ok := c[d.name]
-		if !ok {
+		if !ok || d.window() { // owed once, in its dimension: a debit takes it from every window
 			continue
 		}
 		if o == nil {
@@ -270,6 +272,9 @@ func (s *share) take(key string) Cost {
 	}
 	var c Cost
 	for _, d := range s.local.dims {
+		if d.window() {
+			continue // see owe
+		}
 		debt := max(-tokens[d.name], 0) + max(-prev[d.name], 0)
 		if v := min(debt, o[d.name]) + min(max(o[d.name]-debt, 0), d.limit.Burst); v > 0 {
 			if c == nil {

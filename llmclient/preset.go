@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/transport"
@@ -43,6 +44,19 @@ func Anthropic(b bucket.Bucket) transport.Option {
 	)
 }
 
+// KeyModel returns the model a ModelKey names, "" if none: what follows
+// the first "/" after the scheme's "://". It is the class function of a
+// bucket.Route that gives each model its limits.
+func KeyModel(key string) string {
+	if i := strings.Index(key, "://"); i >= 0 {
+		key = key[i+3:]
+	}
+	if j := strings.IndexByte(key, '/'); j >= 0 {
+		return key[j+1:]
+	}
+	return ""
+}
+
 // maxModelBody bounds what ModelKey reads of a body to find its model.
 const maxModelBody = 8 << 20
 
@@ -57,6 +71,9 @@ const maxModelBody = 8 << 20
 func ModelKey(r *http.Request) string {
 	key := transport.CredentialKey(r)
 	if org := r.Header.Get("OpenAI-Organization"); org != "" {
+		if strings.ContainsAny(org, "/{}") || len(org) > maxModelName {
+			org = transport.Fingerprint(org) // not an organisation's ID: keep the key's shape
+		}
 		key = transport.HostKey(r) + "#" + org
 	}
 	if m := bodyModel(r); m != "" {

@@ -112,3 +112,19 @@ func TestPresets(t *testing.T) {
 		assert.Equal(t, bucket.Cost{bucket.Requests: 49, bucket.InputTokens: 30_000 - 9, bucket.OutputTokens: 8_000 - 3}, b.Tokens(key))
 	})
 }
+
+func TestKeyModel(t *testing.T) {
+	for key, want := range map[string]string{
+		"https://api.openai.com#0123456789ab/gpt-4.1":  "gpt-4.1",
+		"https://api.openai.com#org-1/meta-llama/L3-8": "meta-llama/L3-8",
+		"https://api.openai.com#0123456789ab":          "",
+		"https://api.openai.com":                       "",
+		"plain":                                        "",
+	} {
+		assert.Equal(t, want, llmclient.KeyModel(key), key)
+	}
+	req, err := http.NewRequest("POST", "https://h/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+	require.NoError(t, err)
+	req.Header.Set("OpenAI-Organization", "a/b")
+	assert.Equal(t, "m", llmclient.KeyModel(llmclient.ModelKey(req)), "an organisation with a / is hashed")
+}

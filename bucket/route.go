@@ -1,0 +1,71 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/adaptive"
+)
+
+// Routed is a Bucket that charges each key to the bucket of its class: a
+// plan of limits by model, say, or by a tenant's tier, behind one
+// Transport. Each key is one bucket's, so every call is still one atomic
+// decision over all the dimensions and windows of its key. Routed is safe
+// for concurrent use if its buckets and its class function are.
+type Routed struct {
+	class   func(key string) string
+	buckets map[string]Bucket
+	def     Bucket
+}
+
+var _ Bucket = (*Routed)(nil)
+
+// Route returns a Routed bucket: key goes to buckets[class(key)], or to
+// def if buckets has no such class. Give the Redis buckets of a plan the
+// same Redis and prefix: a key's state is the same whichever process
+// charges it, as long as every process routes it to the same limits (see
+// NewRedis on processes whose limits differ). It panics if class or def is
+// nil, or a bucket is.
+//
+//	b := bucket.Route(llmclient.KeyModel, map[string]bucket.Bucket{
+//		"gpt-4.1":      bucket.NewRedis(rdb, bucket.PerMinute(500), bucket.WithLimit(bucket.Tokens, bucket.PerMinute(30_000)),
+//			bucket.WithWindow(bucket.Requests, bucket.PerDay(10_000))),
+//		"gpt-4.1-mini": bucket.NewRedis(rdb, bucket.PerMinute(500), bucket.WithLimit(bucket.Tokens, bucket.PerMinute(200_000))),
+//	}, bucket.NewRedis(rdb, bucket.PerMinute(60), bucket.WithLimit(bucket.Tokens, bucket.PerMinute(10_000))))
+func Route(class func(key string) string, buckets map[string]Bucket, def Bucket) *Routed {
+	if class == nil || def == nil {
+		panic("bucket: Route needs a class function and a default bucket")
+	}
+	m := make(map[string]Bucket, len(buckets))
+	for c, b := range buckets {
+		if b == nil {
+			panic(fmt.Sprintf("bucket: Route: class %q has no bucket", c))
+		}
+		m[c] = b
+	}
+	return &Routed{class: class, buckets: m, def: def}
+}
+
+// For returns the bucket that key is charged to.
+func (r *Routed) For(key string) Bucket {
+	if b, ok := r.buckets[r.class(key)]; ok {
+		return b
+	}
+	return r.def
+}
+
+// Reserve implements Bucket on key's bucket.
+func (r *Routed) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
+	return r.For(key).Reserve(ctx, key, cost, maxWait)
+}
+
+// Adjust implements Bucket on key's bucket.
+func (r *Routed) Adjust(ctx context.Context, key string, delta Cost) error {
+	return r.For(key).Adjust(ctx, key, delta)
+}
+
+// Observe implements Bucket on key's bucket.
+func (r *Routed) Observe(ctx context.Context, key string, fb adaptive.Feedback) error {
+	return r.For(key).Observe(ctx, key, fb)
+}

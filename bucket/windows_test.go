@@ -1,0 +1,116 @@
+package bucket_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/bucket"
+)
+
+const day = "requests/24h0m0s"
+
+// TestWindows: a daily cap beside a per-minute limit. A call takes from
+// both, all or nothing, and waits for the one that refills last; the day
+// is neither cut by the law, nor paused, nor reported on.
+func TestWindows(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := context.Background()
+			key := "windows-" + be.name
+			b := be.new(t, bucket.PerMinute(60), bucket.WithWindow(bucket.Requests, bucket.PerDay(100)))
+			for range 60 {
+				r, err := b.Reserve(ctx, key, bucket.N(1), 0)
+				require.NoError(t, err)
+				require.True(t, r.OK)
+			}
+			assert.Equal(t, bucket.Cost{bucket.Requests: 0, day: 40}, be.tokens(t, key))
+			r, err := b.Reserve(ctx, key, bucket.N(1), 0)
+			require.NoError(t, err)
+			assert.False(t, r.OK)
+			assert.Equal(t, time.Second, r.RetryAfter, "the minute refills first")
+
+			// 40 more over 40 s: the day is spent; the next waits for it.
+			be.advance(40 * time.Second)
+			r, err = b.Reserve(ctx, key, bucket.N(40), 0)
+			require.NoError(t, err)
+			require.True(t, r.OK)
+			be.advance(20 * time.Second)
+			r, err = b.Reserve(ctx, key, bucket.N(1), 0)
+			require.NoError(t, err)
+			assert.False(t, r.OK)
+			assert.InDelta(t, 864-60, r.RetryAfter.Seconds(), 1, "a day's refill of one request, less the minute since the first call")
+
+			// Refusals cut the minute, not the day; a pause holds the
+			// minute, and the day refills through it.
+			for range 3 {
+				require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: 10 * time.Second}))
+			}
+			require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Quotas: map[string]adaptive.Quota{
+				bucket.Requests: {Limit: 60, Remaining: 5, Reset: time.Minute}}}))
+			assert.LessOrEqual(t, be.tokens(t, key)[bucket.Requests], 0.0, "the minute paused")
+			be.advance(10 * time.Second)
+			assert.InDelta(t, 70.0/864, be.tokens(t, key)[day], 1e-4, "the day untouched but for its refill")
+		})
+	}
+}
+
+// A window lives as long as it takes to refill: a day's for a daily cap.
+func TestWindowLastsItsRefill(t *testing.T) {
+	cr := newClockedRedis(t, epoch)
+	b := bucket.NewRedis(cr.rdb, bucket.PerMinute(60), bucket.WithWindow(bucket.Requests, bucket.PerDay(1000)))
+	_, err := b.Reserve(context.Background(), "ttl", bucket.N(500), 0)
+	assert.ErrorIs(t, err, bucket.ErrExceedsBurst, "more than the minute's burst")
+	r, err := b.Reserve(context.Background(), "ttl", bucket.N(50), 0)
+	require.NoError(t, err)
+	require.True(t, r.OK)
+	assert.Greater(t, cr.TTL("sluice:{ttl}:"+day), 60*time.Minute, "half a day to refill 50 of 1,000 a day")
+	assert.Less(t, cr.TTL("sluice:{ttl}:requests"), 3*time.Minute)
+}
+
+// A window starts full after a cold start, where the dimension starts
+// empty: it would hold the key to a day's refill.
+func TestWindowStartsFull(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			p := adaptive.DefaultPolicy()
+			p.ColdStart = true
+			b := be.new(t, bucket.PerMinute(60), bucket.WithWindow(bucket.Requests, bucket.PerDay(100)), bucket.WithPolicy(p))
+			r, err := b.Reserve(context.Background(), "cold-"+be.name, bucket.N(1), time.Minute)
+			require.NoError(t, err)
+			require.True(t, r.OK)
+			assert.Equal(t, bucket.Cost{bucket.Requests: 0, day: 99}, be.tokens(t, "cold-"+be.name))
+		})
+	}
+}
+
+// The window buckets take windows too.
+func TestFixedWindowWithWindows(t *testing.T) {
+	cr := newClockedRedis(t, epoch)
+	b := bucket.NewFixedWindow(cr.rdb, bucket.PerSecond(5), bucket.WithWindow(bucket.Requests, bucket.PerMinute(8)))
+	ctx := context.Background()
+	admitted := 0
+	for range 4 {
+		for range 10 {
+			if r, err := b.Reserve(ctx, "fw", bucket.N(1), 0); err == nil && r.OK {
+				admitted++
+			}
+		}
+		cr.clock.Advance(time.Second)
+	}
+	assert.Equal(t, 8, admitted, "5, then 3 until the minute is spent")
+}
+
+func TestWindowMisconfigured(t *testing.T) {
+	assert.PanicsWithError(t, `bucket: invalid limit 0.001/s burst 10 for "tokens": a window of a dimension that has no limit (give it WithLimit)`, func() {
+		bucket.NewLocal(bucket.PerSecond(1), bucket.WithWindow(bucket.Tokens, bucket.Limit{Rate: 0.001, Burst: 10}))
+	})
+	assert.Panics(t, func() {
+		bucket.NewLocal(bucket.PerSecond(1), bucket.WithWindow(bucket.Requests, bucket.PerDay(10)), bucket.WithWindow(bucket.Requests, bucket.PerDay(20)))
+	}, "two windows of a day")
+	assert.Panics(t, func() { bucket.NewLocal(bucket.PerSecond(1), bucket.WithWindow(bucket.Requests, bucket.Limit{})) })
+}
