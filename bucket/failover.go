@@ -295,6 +295,7 @@ type failover struct {
 	served    atomic.Bool               // a script has run
 	readOnly  atomic.Int64              // when READONLY replies began, Unix ns; 0 if not
 	loggedAt  atomic.Int64              // the last configuration error logged, Unix ns
+	heldAt    atomic.Int64              // the last warning that a key is held lower, Unix ns (scripted.warnHeld)
 	failing   atomic.Bool               // calls have gone to the share since the last that worked
 	coldUntil atomic.Int64              // Unix ns
 

@@ -26,6 +26,14 @@ var _ Bucket = (*Redis)(nil)
 // NewRedis returns a bucket stored in rdb that limits Requests to limit, and
 // each dimension given WithLimit to its own. It makes no call to Redis. It
 // panics with a *LimitError if a limit is invalid.
+//
+// Every process that charges a key should give it the same limits. Where
+// they differ (a rollout, a mistake), they are never mixed: a key's state
+// records the lowest rate and the lowest burst that a process has used it
+// with within a hold (the limit's refill time, 1 to 60 s), and those hold
+// for every process; a process held below its own limits logs a warning at
+// most once a minute (WithLogger). A lowered limit so takes effect at once,
+// and a raised one once no process has used the old one for a hold.
 func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r := &Redis{scripted: newScripted(rdb, forRedis, "NewRedis", limit, opts, "", tokenParam)}
 	r.state = true

@@ -11,6 +11,9 @@ package bucket
 //	rx  until when r and b count, in microseconds (with r or b)
 //	p   the provider's tokens in millionths, as of ts: its bucket, at r up
 //	    to b (with r and b, when a report gave its remaining)
+//	cr  the lowest rate a process of the fleet is configured with, in
+//	    millionths per second, until crx (microseconds); cb, cbx the same
+//	    of the burst, in millionths (see pinned)
 //
 // and one HASH per key, KEYS[1], for what the adaptive law needs:
 //
@@ -47,7 +50,7 @@ package bucket
 // ARGV of reserve, adjust and tokens: the operation's argument, the recovery
 // span in microseconds, the law's flags (the recovery law, 0 cubic or 1
 // additive, plus 2 for a cold start), then one triple per dimension key:
-// rate (tokens/s), burst, amount.
+// rate (tokens/s; negated for a window, WithWindow), burst, amount.
 
 // luaCommon defines now and the functions every token bucket script uses.
 const luaCommon = `
@@ -56,6 +59,41 @@ local now = t[1] * 1000000 + t[2]
 local span, law = tonumber(ARGV[2]), tonumber(ARGV[3]) % 2
 local cold = tonumber(ARGV[3]) >= 2
 local pausedTo = now -- the latest a dimension's ts may be (see above)
+local held = false -- a dimension is held below this process's limit (see pinned)
+
+-- pinned returns the rate and burst a dimension has: this process's own,
+-- or lower ones that another process of the fleet has used within a hold
+-- (the limit's refill time, 1 to 60 s): cr until crx, cb until cbx, each
+-- the lowest in use. So processes whose limits disagree never mix them:
+-- the lowest holds for all until no process has used it for a hold, and
+-- the processes that have it refresh it. It returns the fields to write,
+-- if any.
+local function pinned(s, rate, burst)
+  local hold = math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)
+  local pin, n = {}, 0
+  local function one(v, vx, own, f, fx)
+    local u = math.floor(own * 1e6 + 0.5)
+    v, vx = tonumber(v), tonumber(vx)
+    if v and vx and vx > now then
+      if u > v then
+        held = true
+        return v / 1e6
+      end
+      if u == v and vx - now >= hold / 2 then
+        return own -- refreshed by another not long ago
+      end
+    end
+    pin[n+1], pin[n+2], pin[n+3], pin[n+4] = f, u, fx, now + hold
+    n = n + 4
+    return own
+  end
+  rate = one(s[8], s[9], rate, 'cr', 'crx')
+  burst = one(s[10], s[11], burst, 'cb', 'cbx')
+  if n == 0 then
+    pin = nil
+  end
+  return rate, burst, pin
+end
 
 -- fraction returns the share of the configured rate the key is at, its
 -- epoch, and when its last decrease was and what it cut to, if any
@@ -94,7 +132,10 @@ local function refill(key, rate, burst, f, first)
   if exact then
     rate, f = -rate, 1
   end
-  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx', 'p')
+  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx', 'p', 'cr', 'crx', 'cb', 'cbx')
+  local pin
+  rate, burst, pin = pinned(s, rate, burst)
+  local crate, cburst = rate, burst
   local learnt = s[6] and tonumber(s[6]) > now
   local pr, pb
   if learnt then
@@ -108,7 +149,7 @@ local function refill(key, rate, burst, f, first)
   if not s[1] then
     local tk = burst
     if cold and not exact then tk = math.min(burst, first) end
-    return rate, burst, tk, now, 0, false
+    return rate, burst, tk, now, 0, false, nil, nil, nil, nil, pin, crate, cburst
   end
   local rx
   if learnt then rx = tonumber(s[6]) end
@@ -122,14 +163,20 @@ local function refill(key, rate, burst, f, first)
   if pr then
     pt = math.min(pb, (tonumber(s[7]) + el * pr) / 1e6)
   end
-  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt, rx
+  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt, rx, pin, crate, cburst
 end
 
--- store writes tk, and the provider's pt if any, as of at, extending the
--- expiry if needed: past the time ours is full again, the provider's
--- bucket (at pr up to pb) too, and the report (until rx).
-local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx)
+-- store writes tk, and the provider's pt if any, as of at, and pin (see
+-- pinned), extending the expiry if needed: past the time ours is full
+-- again, the provider's bucket (at pr up to pb) too, the report (until
+-- rx), and the pin.
+local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
   local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
+  local pinx = 0
+  if pin then
+    redis.call('HSET', key, unpack(pin))
+    pinx = pin[4] -- the hash outlives its pin
+  end
   if pt then
     redis.call('HSET', key, 'p', math.floor(pt * 1e6 + 0.5))
     full = math.max(full, at + math.ceil((pb - pt) * 1e6 / pr) + 1e6)
@@ -137,8 +184,8 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx)
   if rx then
     full = math.max(full, rx)
   end
-  if full > x then
-    x = full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7))
+  if full > x or pinx > x then
+    x = math.max(full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)), pinx)
     redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at, 'x', x)
     redis.call('PEXPIREAT', key, math.ceil(x / 1000))
   else
@@ -172,28 +219,32 @@ end
 // reserveScript takes each dimension key's amount if all of them can be
 // taken within ARGV[1] microseconds, all or nothing. It returns the wait in
 // microseconds (0 if the tokens were there), negated if nothing was taken
-// (a refused wait is always > 0), and the key's epoch, if not 0.
+// (a refused wait is always > 0), and the key's epoch, if not 0, then 1 if
+// a dimension is held below this process's limit (see pinned).
 var reserveScript = newScript(luaCommon + `
 local f, epoch = fraction(span, law)
 local st, wait = {}, 0
 for i = 1, #KEYS - 1 do
   local amount = tonumber(ARGV[3*i+3])
-  local rate, burst, tk, at, x, _, pr, pb, pt, rx = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
+  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
   tk = tk - amount
   local w = at - now + deficit(tk, rate)
   if pt then
     pt = pt - amount
     w = math.max(w, at - now + deficit(pt, pr))
   end
-  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx}
+  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin}
   wait = math.max(wait, w)
 end
 if wait > tonumber(ARGV[1]) then
   wait = -wait
 else
   for i, s in ipairs(st) do
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9])
+    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10])
   end
+end
+if held then
+  return {wait, epoch, 1}
 end
 if epoch == 0 then
   return wait -- one integer is cheaper to read
@@ -207,7 +258,7 @@ var adjustScript = newScript(luaCommon + `
 local f = fraction(span, law)
 for i = 1, #KEYS - 1 do
   local key, amount = KEYS[i+1], tonumber(ARGV[3*i+3])
-  local rate, burst, tk, at, x, learnt, pr, pb, pt, rx = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local rate, burst, tk, at, x, learnt, pr, pb, pt, rx, pin = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   tk = math.min(burst, tk - amount)
   if pt then
     pt = math.min(pb, pt - amount)
@@ -215,8 +266,8 @@ for i = 1, #KEYS - 1 do
   if at > now then
     tk = math.min(tk, 0) -- paused: empty at its end, or refunds would go out at once
   end
-  if tk < burst or at > now or learnt then
-    store(key, tk, at, x, rate, burst, pt, pr, pb, rx)
+  if tk < burst or at > now or learnt or held then
+    store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
   else
     redis.call('DEL', key)
   end
@@ -295,13 +346,14 @@ for i = 1, #KEYS - 1 do
   local key, o = KEYS[i+1], 6 * i + 6
   local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
   local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
-  local rate, burst, tk, at, x, _, pr, pb, pt, rx = refill(key, crate, cburst, f, 0)
+  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin, prate, pburst = refill(key, crate, cburst, f, 0)
   local valid = tonumber(ARGV[o+5])
   local f, nf, pause = f, nf, pause
   if crate < 0 then
     -- a window (WithWindow): not scaled, not paused, not reported on
-    crate, f, nf, pause = -crate, 1, 1, 0
+    f, nf, pause = 1, 1, 0
   end
+  crate, cburst = prate, pburst -- this process's, or the fleet's lowest
   if pause > 0 and now + pause > at then
     -- empty at the pause's end but for the debt due after it (pauseTokens);
     -- the provider's bucket refills meanwhile
@@ -353,7 +405,7 @@ for i = 1, #KEYS - 1 do
       end
     end
   end
-  store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f, pt, pr, pb, rx)
+  store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f, pt, pr, pb, rx, pin)
 end
 -- The time paused does not count toward the threshold's window.
 if paused > 0 and tonumber(redis.call('HGET', KEYS[1], 'c') or 0) > 0 then

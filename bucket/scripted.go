@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -121,7 +122,7 @@ func (s *scripted) reserveBy(ctx context.Context, script *script, key string, co
 	if err != nil || len(keys) == 0 {
 		return Reservation{OK: err == nil}, servedRedis, err
 	}
-	w, epoch, err := reservation(s.run(ctx, script, keys, args...))
+	w, epoch, held, err := reservation(s.run(ctx, script, keys, args...))
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
 			r, err := sh.reserve(ctx, key, cost, maxWait, !sent(err))
@@ -133,6 +134,9 @@ func (s *scripted) reserveBy(ctx context.Context, script *script, key string, co
 		// A reply the scripts never give (a proxy's, a server's bug): the
 		// caller's wait accounting must not trust it.
 		return Reservation{}, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
+	}
+	if held {
+		s.warnHeld()
 	}
 	if w > 0 {
 		s.fo.slot(key, s.fo.clock.Now().Add(micros(w)))
@@ -154,25 +158,39 @@ func micros(n int64) time.Duration {
 }
 
 // reservation reads a reserve script's reply: the wait in microseconds, or
-// the wait and the key's epoch.
-func reservation(cmd *redis.Cmd) (w int64, epoch uint64, err error) {
+// the wait and the key's epoch, and then 1 if the key is held below this
+// process's limit.
+func reservation(cmd *redis.Cmd) (w int64, epoch uint64, held bool, err error) {
 	v, err := cmd.Result()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, false, err
 	}
 	switch v := v.(type) {
 	case int64:
-		return v, 0, nil
+		return v, 0, false, nil
 	case []any:
-		if len(v) == 2 {
+		if len(v) == 2 || len(v) == 3 && v[2] == int64(1) {
 			w, ok1 := v[0].(int64)
 			e, ok2 := v[1].(int64)
 			if ok1 && ok2 && e >= 0 {
-				return w, uint64(e), nil
+				return w, uint64(e), len(v) == 3, nil
 			}
 		}
 	}
-	return 0, 0, fmt.Errorf("unexpected reply %v", v)
+	return 0, 0, false, fmt.Errorf("unexpected reply %v", v)
+}
+
+// warnHeld logs, at most once a minute, that Redis holds a key of this
+// bucket below this process's limits (see NewRedis).
+func (s *scripted) warnHeld() {
+	now, last := time.Now().UnixNano(), s.fo.heldAt.Load()
+	if now-last < int64(time.Minute) || !s.fo.heldAt.CompareAndSwap(last, now) {
+		return
+	}
+	s.fo.logger().LogAttrs(context.Background(), slog.LevelWarn,
+		"sluice: another process of the fleet limits a key of this bucket lower than this process does, "+
+			"and the lower limit holds while a process uses it: give every process the same limits",
+		slog.String("prefix", s.prefix))
 }
 
 // adjust runs an adjust script, whose ARGV are head, then the triples of

@@ -2,6 +2,7 @@ package llmclient
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"unicode/utf8"
 
@@ -36,7 +37,11 @@ func Estimate(req ChatRequest) int {
 	if completion <= 0 {
 		completion = defaultCompletion
 	}
-	return (chars+charsPerToken-1)/charsPerToken + tokensPerMessage*len(req.Messages) + completion
+	prompt := (chars+charsPerToken-1)/charsPerToken + tokensPerMessage*len(req.Messages)
+	if completion > math.MaxInt-prompt {
+		return math.MaxInt // a max_tokens no bucket admits, not one that overflows to nothing
+	}
+	return prompt + completion
 }
 
 // RequestCost returns a cost function for transport.WithCost that charges

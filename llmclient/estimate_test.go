@@ -3,6 +3,7 @@ package llmclient_test
 import (
 	"bytes"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -33,6 +34,7 @@ func TestEstimate(t *testing.T) {
 		{"characters, not bytes", llmclient.ChatRequest{Messages: msgs("héllo wörld €"), MaxTokens: 1}, 4 + 4 + 1},
 		{"max_completion_tokens wins", llmclient.ChatRequest{Messages: msgs("abcd"), MaxTokens: 100, MaxCompletionTokens: 10}, 1 + 4 + 10},
 		{"default completion", llmclient.ChatRequest{Messages: msgs("abcd")}, 1 + 4 + 1024},
+		{"a max_tokens that would overflow saturates", llmclient.ChatRequest{Messages: msgs("abcd"), MaxTokens: math.MaxInt}, math.MaxInt},
 	} {
 		assert.Equal(t, tc.want, llmclient.Estimate(tc.req), tc.name)
 	}
