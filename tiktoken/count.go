@@ -41,12 +41,12 @@ func (e *encoding) get() *codec.Codec {
 // cut where a piece starts anyway (see cut). A variable for the tests.
 var maxChunk = 256
 
-// maxText bounds the bytes of text of one request that are tokenized: at
-// the tokenizer's slowest (about 1.5 MB/s, on hostile whitespace) a request
-// costs at most about 0.7 s. Text past it is counted at the rate of the
-// text tokenized before it. 1 MiB is more than the context of most models
-// (128K tokens of English is about 500 KiB). A variable for the tests.
-var maxText = 1 << 20
+// maxText bounds the bytes of text of one request that are tokenized, so
+// that a request costs at most about 130 ms at the tokenizer's slowest
+// (about 2 MB/s, on hostile whitespace; 12 MB/s on prose). Text past it is
+// counted at the rate of the text tokenized before it. 256 KiB is about
+// 60,000 tokens of English. A variable for the tests.
+var maxText = 256 << 10
 
 // counter counts the tokens of one request's text, within maxText.
 type counter struct {

@@ -82,8 +82,8 @@ var estimate = Estimator("")
 // response reports reconciles them.
 //
 // It reads the request from a copy of its body (GetBody), never from Body,
-// and tokenizes at most 1 MiB of a request's text, counting the rest at the
-// rate of the first MiB. A request it cannot read (no GetBody, not JSON, no
+// and tokenizes at most 256 KiB of a request's text, counting the rest at
+// the rate of the first 256 KiB. A request it cannot read (no GetBody, not JSON, no
 // messages) is charged {requests: 1}, as by llmclient.RequestCost.
 func RequestCost(model string) func(*http.Request) bucket.Cost {
 	var fixed *encoding
