@@ -42,10 +42,11 @@ func (e *encoding) get() *codec.Codec {
 var maxChunk = 256
 
 // maxText bounds the bytes of text of one request that are tokenized, so
-// that a request costs at most about 130 ms at the tokenizer's slowest
-// (about 2 MB/s, on hostile whitespace; 12 MB/s on prose). Text past it is
-// counted at the rate of the text tokenized before it. 256 KiB is about
-// 60,000 tokens of English. A variable for the tests.
+// that a request costs at most about 0.1 to 0.3 s at the tokenizer's
+// slowest (hostile whitespace; prose goes 5 times faster) on a loaded
+// 2-core machine. Text past it is counted at the rate of the text tokenized
+// before it. 256 KiB is about 60,000 tokens of English. A variable for the
+// tests.
 var maxText = 256 << 10
 
 // counter counts the tokens of one request's text, within maxText.

@@ -7,6 +7,8 @@
 //
 //	cd tiktoken/testdata && npm install --no-save tiktoken@1.0.22 && node reference.mjs
 //
+// (node_modules is ignored by git.)
+//
 // The rules, as OpenAI's cookbook ("How to count tokens with tiktoken")
 // gives them and checked there against the prompt_tokens the API reported:
 // 3 tokens per message, the tokens of each of its values (role, content,
