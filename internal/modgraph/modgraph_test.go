@@ -9,10 +9,11 @@ import (
 	"testing"
 )
 
-// heavy are the modules that only sluice's examples and its comparisons
-// with other libraries use (the examples and compat modules): a module
-// that imports sluice's packages must not have them in its graph. Each is
-// a module path, or the prefix of the paths of a family of modules.
+// heavy are the modules that only sluice's examples, its comparisons with
+// other libraries and its tokenizer use (the examples, compat and tiktoken
+// modules): a module that imports sluice's packages must not have them in
+// its graph. Each is a module path, or the prefix of the paths of a family
+// of modules.
 var heavy = []string{
 	"gonum.org",
 	"github.com/openai/openai-go",
@@ -20,6 +21,8 @@ var heavy = []string{
 	"github.com/go-redis/redis_rate",
 	"golang.org/x/time",
 	"github.com/alicebob/miniredis",
+	"github.com/tiktoken-go/tokenizer", // about 10 MB of vocabularies
+	"github.com/dlclark/regexp2",
 }
 
 // TestLeanGraph makes a module of its own that imports sluice's transport
