@@ -32,8 +32,8 @@ func TestChat(t *testing.T) {
 	assert.Equal(t, "stop", resp.Choices[0].FinishReason)
 	assert.Equal(t, llmclient.Usage{PromptTokens: 6, CompletionTokens: 10, TotalTokens: helloUsage}, resp.Usage)
 
-	assert.Equal(t, bucket.Cost{bucket.Requests: 1, bucket.Tokens: helloUsage}, spent(b),
-		"charged the estimate, refunded down to the usage")
+	assert.Equal(t, bucket.Cost{bucket.Requests: 1, bucket.Tokens: helloCharged}, spent(b),
+		"charged the estimate, reconciled to the prompt and the cap, as OpenAI counts")
 	st := s.Stats()
 	assert.EqualValues(t, 1, st.Accepted)
 	assert.EqualValues(t, helloUsage, st.TotalTokens)
@@ -61,7 +61,7 @@ func TestChatStream(t *testing.T) {
 	assert.Greater(t, chunks, 10, "one chunk per token, then the usage")
 	require.NotNil(t, usage, "the client asks for the usage")
 	assert.Equal(t, helloUsage, usage.TotalTokens)
-	assert.Equal(t, bucket.Cost{bucket.Requests: 1, bucket.Tokens: helloUsage}, spent(b))
+	assert.Equal(t, bucket.Cost{bucket.Requests: 1, bucket.Tokens: helloCharged}, spent(b))
 
 	// The same text as the plain completion.
 	resp, err := c.Chat(t.Context(), hello)
@@ -138,13 +138,13 @@ func TestReconcileDebits(t *testing.T) {
 	_, err := c.Chat(t.Context(), hello)
 	require.NoError(t, err)
 	assert.Equal(t, []llmclient.ChatRequest{hello}, seen, "the estimator sees the request")
-	assert.Equal(t, bucket.Cost{bucket.Requests: 1, bucket.Tokens: helloUsage}, spent(b),
+	assert.Equal(t, bucket.Cost{bucket.Requests: 1, bucket.Tokens: helloCharged}, spent(b),
 		"charged 3, debited up to the usage")
 
 	for _, err := range c.ChatStream(t.Context(), hello) {
 		require.NoError(t, err)
 	}
-	assert.Equal(t, bucket.Cost{bucket.Requests: 2, bucket.Tokens: 2 * helloUsage}, spent(b))
+	assert.Equal(t, bucket.Cost{bucket.Requests: 2, bucket.Tokens: 2 * helloCharged}, spent(b))
 }
 
 func TestDefaultKeyHashesTheAPIKey(t *testing.T) {
@@ -155,7 +155,7 @@ func TestDefaultKeyHashesTheAPIKey(t *testing.T) {
 	require.NoError(t, err)
 	host := strings.TrimSuffix(s.URL, "/v1")
 	k := host + "#" + transport.Fingerprint("sk-secret-key") + "/" + hello.Model
-	assert.Equal(t, float64(testTPM-helloUsage), b.Tokens(k)[bucket.Tokens], "ModelKey: the credential's hash and the model")
+	assert.Equal(t, float64(testTPM-helloCharged), b.Tokens(k)[bucket.Tokens], "ModelKey: the credential's hash and the model")
 }
 
 func TestDefaultBucket(t *testing.T) {

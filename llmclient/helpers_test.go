@@ -27,6 +27,7 @@ const (
 	key           = llmfixture.Key
 	helloEstimate = llmfixture.HelloEstimate
 	helloUsage    = llmfixture.HelloUsage
+	helloCharged  = llmfixture.HelloCharged
 )
 
 func withKey() llmclient.Option {

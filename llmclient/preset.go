@@ -13,7 +13,8 @@ import (
 // OpenAI is the preset for an OpenAI-compatible API: the Transport options
 // that charge each call to b under ModelKey, {requests: 1, tokens: the
 // prompt's estimate plus max_tokens} (RequestCost), and reconcile the
-// charge with the usage the response reports (MeterUsage). b should limit
+// estimate of the prompt with the usage the response reports, keeping the
+// cap on the completion charged, as OpenAI counts it (MeterOpenAIUsage). b should limit
 // bucket.Tokens as well as bucket.Requests, at one model's limits: each
 // model gets a key, and so a bucket, of its own, as OpenAI limits each
 // model apart. Options given after it override its own:
@@ -24,7 +25,7 @@ func OpenAI(b bucket.Bucket) transport.Option {
 		transport.WithBucket(b),
 		transport.WithKey(ModelKey),
 		transport.WithCost(RequestCost(nil)),
-		transport.WithUsage(MeterUsage),
+		transport.WithUsage(MeterOpenAIUsage),
 	)
 }
 

@@ -63,6 +63,39 @@ func MeterUsage(resp *http.Response) transport.UsageMeter {
 	return nil
 }
 
+// MeterOpenAIUsage is MeterUsage for OpenAI's limits, the OpenAI preset's:
+// a chat completion that sets a cap on its completion (max_completion_tokens,
+// else max_tokens) is reckoned at its prompt's tokens plus the cap, or its
+// usage if that is more, since OpenAI counts the cap against the tokens
+// limit whatever the completion uses; what is reconciled is the estimate of
+// the prompt. Reconciled to the usage, the bucket would hand the unused cap
+// out again, and the fleet would be refused for it. A call without a cap is
+// reconciled to its usage.
+func MeterOpenAIUsage(resp *http.Response) transport.UsageMeter {
+	m := MeterUsage(resp)
+	if m == nil {
+		return nil
+	}
+	req, ok := readChatRequest(resp.Request)
+	if !ok {
+		return m
+	}
+	c := req.MaxCompletionTokens
+	if c <= 0 {
+		c = req.MaxTokens
+	}
+	if c <= 0 {
+		return m
+	}
+	switch m := m.(type) {
+	case *jsonMeter:
+		m.cap = float64(c)
+	case *sseMeter:
+		m.cap = float64(c)
+	}
+	return m
+}
+
 // usage is a usage object of any of the providers; a field the object
 // lacks is -1 (see noUsage).
 type usage struct {
@@ -92,8 +125,10 @@ func (u *usage) merge(v *usage) bool {
 	return has
 }
 
-// cost returns the tokens u reports, if it reports any.
-func (u *usage) cost() (bucket.Cost, bool) {
+// cost returns the tokens u reports, if it reports any; with a cap > 0 on
+// the completion, at least the prompt's tokens plus the cap (see
+// MeterOpenAIUsage).
+func (u *usage) cost(cap float64) (bucket.Cost, bool) {
 	n, found := u.Total, u.Total >= 0
 	if !found {
 		n = 0
@@ -106,6 +141,9 @@ func (u *usage) cost() (bucket.Cost, bool) {
 	}
 	if !found {
 		return nil, false
+	}
+	if cap > 0 && u.Prompt >= 0 {
+		n = max(n, u.Prompt+cap)
 	}
 	c := bucket.Cost{bucket.Tokens: n}
 	if u.Input >= 0 || u.CacheCreation >= 0 {
@@ -133,6 +171,7 @@ type jsonMeter struct {
 	capture bool // inside the usage object, copying it to buf
 	done    bool // found, or given up
 	buf     []byte
+	cap     float64 // see MeterOpenAIUsage
 	u       usage // from noUsage
 	found   bool
 }
@@ -223,7 +262,7 @@ func (m *jsonMeter) Cost() (bucket.Cost, bool) {
 	if !m.found {
 		return nil, false
 	}
-	return m.u.cost()
+	return m.u.cost(m.cap)
 }
 
 // maxEvent bounds the bytes kept of one server-sent event.
@@ -237,7 +276,8 @@ type sseMeter struct {
 	final bool  // a final usage was found: at the top level or in "response"
 	fb    adaptive.Feedback
 	hasFB bool
-	chunk bool // an OpenAI chat.completion.chunk was seen
+	cap   float64 // see MeterOpenAIUsage
+	chunk bool    // an OpenAI chat.completion.chunk was seen
 	done  bool // and the stream's data: [DONE]
 }
 
@@ -304,7 +344,7 @@ func (m *sseMeter) Cost() (bucket.Cost, bool) {
 		}
 		return nil, false
 	}
-	return m.u.cost()
+	return m.u.cost(m.cap)
 }
 
 // warnedNoUsage is when warnNoUsage last logged, Unix ns.

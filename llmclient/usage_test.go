@@ -216,3 +216,27 @@ func TestStreamWithoutUsageWarns(t *testing.T) {
 	feed(chunk + "data: [DONE]\n\n")
 	assert.Len(t, logs.String(), n, "once a minute at most")
 }
+
+// TestMeterOpenAIUsage: a call with a cap is reckoned at its prompt and
+// its cap, or its usage if more; one without, at its usage.
+func TestMeterOpenAIUsage(t *testing.T) {
+	meter := func(reqBody, ctype, body string) float64 {
+		req, err := http.NewRequest("POST", "https://h/v1/chat/completions", strings.NewReader(reqBody))
+		require.NoError(t, err)
+		m := llmclient.MeterOpenAIUsage(&http.Response{StatusCode: 200, Request: req, Header: http.Header{"Content-Type": {ctype}}})
+		require.NotNil(t, m)
+		_, err = m.Write([]byte(body))
+		require.NoError(t, err)
+		c, ok := m.Cost()
+		require.True(t, ok)
+		return c[bucket.Tokens]
+	}
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	usage := `{"usage":{"prompt_tokens":6,"completion_tokens":10,"total_tokens":16}}`
+	assert.Equal(t, 106.0, meter(`{`+msgs+`,"max_tokens":100}`, "application/json", usage))
+	assert.Equal(t, 56.0, meter(`{`+msgs+`,"max_tokens":100,"max_completion_tokens":50}`, "application/json", usage))
+	assert.Equal(t, 16.0, meter(`{`+msgs+`,"max_tokens":5}`, "application/json", usage), "the usage, above the cap")
+	assert.Equal(t, 16.0, meter(`{`+msgs+`}`, "application/json", usage), "no cap: the usage")
+	assert.Equal(t, 106.0, meter(`{`+msgs+`,"max_tokens":100,"stream":true}`, "text/event-stream",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":10,\"total_tokens\":16}}\n\ndata: [DONE]\n\n"))
+}

@@ -69,4 +69,7 @@ func Server(t testing.TB) *llmtest.Server {
 const (
 	HelloEstimate = 107
 	HelloUsage    = 16
+	// HelloCharged is what the OpenAI preset reckons hello at: its
+	// prompt_tokens (6) and its cap (100), as OpenAI counts it.
+	HelloCharged = 106
 )
