@@ -172,7 +172,7 @@ type jsonMeter struct {
 	done    bool // found, or given up
 	buf     []byte
 	cap     float64 // see MeterOpenAIUsage
-	u       usage // from noUsage
+	u       usage   // from noUsage
 	found   bool
 }
 
@@ -278,7 +278,7 @@ type sseMeter struct {
 	hasFB bool
 	cap   float64 // see MeterOpenAIUsage
 	chunk bool    // an OpenAI chat.completion.chunk was seen
-	done  bool // and the stream's data: [DONE]
+	done  bool    // and the stream's data: [DONE]
 }
 
 func newSSEMeter() *sseMeter {
