@@ -262,7 +262,7 @@ func TestBreakerBoundsOutageCost(t *testing.T) {
 	// not a dead one.
 	first := reserve()
 	assert.GreaterOrEqual(t, first, contact)
-	assert.Less(t, first, contact+100*time.Millisecond)
+	assert.Less(t, first, contact+time.Second, "one contact's bound, not two (a loaded machine adds its delays)")
 	assert.Equal(t, []string{"closed>open"}, states.get())
 	perContact := fake.commands.Load()
 	require.Positive(t, perContact)
