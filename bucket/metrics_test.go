@@ -13,56 +13,16 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// points is a flat view of one collection: "name{k=v,...}" → value (sums
-// and gauges) or count (histograms).
+// points is metrictest.Points.
 func points(t *testing.T, r *sdkmetric.ManualReader) map[string]float64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, r.Collect(context.Background(), &rm))
-	out := map[string]float64{}
-	name := func(m string, s attribute.Set) string {
-		var kv []string
-		for _, a := range s.ToSlice() {
-			kv = append(kv, string(a.Key)+"="+a.Value.Emit())
-		}
-		return m + "{" + strings.Join(kv, ",") + "}"
-	}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					out[name(m.Name, p.Attributes)] = float64(p.Value)
-				}
-			case metricdata.Sum[float64]:
-				for _, p := range d.DataPoints {
-					out[name(m.Name, p.Attributes)] = p.Value
-				}
-			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					out[name(m.Name, p.Attributes)] = float64(p.Value)
-				}
-			case metricdata.Gauge[float64]:
-				for _, p := range d.DataPoints {
-					out[name(m.Name, p.Attributes)] = p.Value
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					out[name(m.Name, p.Attributes)] = float64(p.Count)
-				}
-			default:
-				t.Fatalf("unexpected metric %s %T", m.Name, m.Data)
-			}
-		}
-	}
-	return out
+	return metrictest.Points(t, r)
 }
 
 func newReader(t *testing.T) (*sdkmetric.ManualReader, *sdkmetric.MeterProvider) {
@@ -153,33 +113,6 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// promSeries counts the series a Prometheus scrape of r's metrics holds: a
-// histogram's are one per bucket bound, +Inf, _sum and _count.
-func promSeries(t *testing.T, r *sdkmetric.ManualReader) int {
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, r.Collect(context.Background(), &rm))
-	n := 0
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					n += len(p.Bounds) + 3
-				}
-			case metricdata.Sum[int64]:
-				n += len(d.DataPoints)
-			case metricdata.Sum[float64]:
-				n += len(d.DataPoints)
-			case metricdata.Gauge[int64]:
-				n += len(d.DataPoints)
-			case metricdata.Gauge[float64]:
-				n += len(d.DataPoints)
-			}
-		}
-	}
-	return n
-}
-
 // TestMetricsCardinality: with the defaults, a thousand keys make the same
 // series as one; a key label makes at most 32 labels and "other".
 func TestMetricsCardinality(t *testing.T) {
@@ -198,9 +131,9 @@ func TestMetricsCardinality(t *testing.T) {
 			require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: time.Millisecond}))
 		}
 		got := points(t, reader)
-		t.Logf("1,000 keys: %d points, %d Prometheus series", len(got), promSeries(t, reader))
+		t.Logf("1,000 keys: %d points, %d Prometheus series", len(got), metrictest.PromSeries(t, reader))
 		if len(opts) == 0 {
-			assert.LessOrEqual(t, promSeries(t, reader), 50)
+			assert.LessOrEqual(t, metrictest.PromSeries(t, reader), 50)
 		}
 		return got
 	}

@@ -12,50 +12,18 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/metrictest"
 	"github.com/sluicehq/sluice/transport"
 	"github.com/sony/gobreaker/v2"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// collected is a flat view of one collection: "name{attrs}" → value (sums
-// and gauges) or count (histograms).
+// collect is metrictest.Points.
 func collect(t *testing.T, r *sdkmetric.ManualReader) map[string]float64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, r.Collect(context.Background(), &rm))
-	out := map[string]float64{}
-	name := func(m string, s attribute.Set) string {
-		var kv []string
-		for _, a := range s.ToSlice() {
-			kv = append(kv, string(a.Key)+"="+a.Value.String())
-		}
-		return m + "{" + strings.Join(kv, ",") + "}"
-	}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					out[name(m.Name, p.Attributes)] = float64(p.Value)
-				}
-			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					out[name(m.Name, p.Attributes)] = float64(p.Value)
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					out[name(m.Name, p.Attributes)] = float64(p.Count)
-				}
-			default:
-				t.Fatalf("unexpected metric %s %T", m.Name, m.Data)
-			}
-		}
-	}
-	return out
+	return metrictest.Points(t, r)
 }
 
 func TestMetrics(t *testing.T) {
@@ -123,40 +91,11 @@ func TestMetricAttributes(t *testing.T) {
 	resp, err := get(t, tr, context.Background(), s.URL)
 	require.NoError(t, err)
 	assert.Equal(t, 200, resp.StatusCode)
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
 	n := 0
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			var sets []attribute.Set
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Sum[float64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Gauge[float64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			}
-			for _, set := range sets {
-				v, ok := set.Value("upstream")
-				assert.True(t, ok && v.AsString() == "anthropic", "%s %v", m.Name, set.ToSlice())
-				n++
-			}
-		}
+	for _, p := range metrictest.Collect(t, reader) {
+		v, ok := p.Attrs.Value("upstream")
+		assert.True(t, ok && v.AsString() == "anthropic", p.Name())
+		n++
 	}
 	assert.GreaterOrEqual(t, n, 10, "points of the transport and the bucket")
 }
