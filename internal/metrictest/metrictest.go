@@ -76,7 +76,7 @@ func Points(t testing.TB, r *sdkmetric.ManualReader) map[string]float64 {
 func (p Point) Name() string {
 	var kv []string
 	for _, a := range p.Attrs.ToSlice() {
-		kv = append(kv, string(a.Key)+"="+a.Value.Emit())
+		kv = append(kv, string(a.Key)+"="+a.Value.String())
 	}
 	return p.Metric + "{" + strings.Join(kv, ",") + "}"
 }
