@@ -85,7 +85,7 @@ func configHint(err error) string {
 	case redis.IsAuthError(err):
 		return " (check the password and user in the client's options)"
 	case redis.IsPermissionError(err):
-		return " (grant the ACL user EVALSHA, EVAL, SCRIPT LOAD and INFO)"
+		return " (grant the ACL user EVALSHA, EVAL, SCRIPT LOAD and INFO, and for an InFlight SUBSCRIBE and the channels <prefix>:inflight:*)"
 	case redis.IsReadOnlyError(err):
 		return " (the address is a replica's: give the client the master's, or use a Sentinel or Cluster client)"
 	case errors.Is(err, errEviction):
@@ -186,13 +186,15 @@ type redisPolicy struct {
 // burst is admitted once the share bucket holds its burst, and its excess
 // owed. A window bucket (FixedWindow, SlidingLog) falls back to a token
 // bucket of the same shape, and after a restart starts its windows afresh.
+// An InFlight falls back to n over the members in flight (see InFlight).
 func WithFailOpen() Option {
 	return option{"WithFailOpen", forShared, func(c *config) { c.redis.failClosed = false }}
 }
 
 // WithFailClosed makes a Redis-backed bucket fail every call with an
 // *UnavailableError (errors.Is ErrUnavailable) while Redis is unavailable,
-// taking nothing: the caller decides what to do.
+// taking nothing: the caller decides what to do. An InFlight's waiters
+// queued on Redis fail so too, once a renewal finds it unavailable.
 func WithFailClosed() Option {
 	return option{"WithFailClosed", forShared, func(c *config) { c.redis.failClosed = true }}
 }

@@ -53,7 +53,9 @@ local function grant()
     redis.call('ZADD', H, u, m)
     local inst = string.match(m, '^(.*)/')
     if inst then
-      redis.call('PUBLISH', chan .. inst, m .. ' ' .. H)
+      -- pcall: a user who may not publish (an ACL without the channel)
+      -- must not leave the grant half made; its SUBSCRIBE says so.
+      redis.pcall('PUBLISH', chan .. inst, m .. ' ' .. H)
     end
   end
 end

@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -406,5 +407,90 @@ func TestInFlightRedisDown(t *testing.T) {
 		_, err = other.Acquire(short, key)
 		cancel()
 		assert.ErrorIs(t, err, context.DeadlineExceeded, "over n, Redis admits nobody")
+	})
+}
+
+// TestInFlightKeys: the sets are named <prefix>:{<key>}/inflight[/queue,
+// /waiting], a key's braces escaped; while held or waited for they expire
+// a second after the last lease they hold ends, and once nothing is they
+// are gone. The waiters' process listens on <prefix>:inflight:<pid>.<id>.
+func TestInFlightKeys(t *testing.T) {
+	rdb := redistest.Client(t)
+	ctx := t.Context()
+	const lease = 2 * time.Second
+	s := bucket.NewInFlight(rdb, 1, bucket.WithPrefix("p"), bucket.WithLease(lease), bucket.WithRedisTimeout(time.Second))
+	key := "a{b}-" + flightKey(t)
+	h := "p:{a%7Bb%7D-" + key[len("a{b}-"):] + "}/inflight"
+	release, err := s.Acquire(ctx, key)
+	require.NoError(t, err)
+	members := rdb.ZRangeWithScores(ctx, h, 0, -1).Val()
+	require.Len(t, members, 1)
+	assert.Regexp(t, `^[0-9]+\.[0-9a-f]{12}/[0-9]+$`, members[0].Member)
+	now, err := rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	assert.InDelta(t, float64(now.Add(lease).UnixMicro()), members[0].Score, float64(100*time.Millisecond/time.Microsecond), "scored by the lease's end")
+	ttl := rdb.PTTL(ctx, h).Val()
+	assert.Greater(t, ttl, lease)
+	assert.LessOrEqual(t, ttl, lease+time.Second)
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r, err := s.Acquire(ctx, key)
+		if assert.NoError(t, err) {
+			r()
+		}
+	}()
+	require.Eventually(t, func() bool { return rdb.ZCard(ctx, h+"/queue").Val() == 1 }, 5*time.Second, time.Millisecond)
+	assert.Equal(t, int64(1), rdb.ZCard(ctx, h+"/waiting").Val())
+	for _, k := range []string{h + "/queue", h + "/waiting"} {
+		assert.Greater(t, rdb.PTTL(ctx, k).Val(), lease, k)
+	}
+	channels := rdb.PubSubChannels(ctx, "p:inflight:*").Val()
+	require.Len(t, channels, 1)
+	assert.Regexp(t, `^p:inflight:[0-9]+\.[0-9a-f]{12}$`, channels[0])
+	release()
+	<-done
+	assert.Zero(t, rdb.Exists(ctx, h, h+"/queue", h+"/waiting").Val(), "nothing held or waited for: gone")
+	assert.Eventually(t, func() bool { return len(rdb.PubSubChannels(ctx, "p:inflight:*").Val()) == 0 },
+		5*time.Second, 10*time.Millisecond, "the subscription ends once nothing waits")
+}
+
+// TestInFlightMisconfiguredRedis: an ACL user who may not subscribe to the
+// InFlight's channels (Redis 7's default for a new user), or a server that
+// may evict, is a *ConfigError that says what to do, failing open or
+// closed; the slots it may have taken are given back.
+func TestInFlightMisconfiguredRedis(t *testing.T) {
+	t.Run("NOPERM channels", func(t *testing.T) {
+		srv := redistest.Own(t)
+		admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { admin.Close() })
+		require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels").Err())
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
+		t.Cleanup(func() { rdb.Close() })
+		s := bucket.NewInFlight(rdb, 1, bucket.WithLogger(slog.New(slog.DiscardHandler)))
+		release, err := s.Acquire(t.Context(), "k")
+		require.NoError(t, err, "a free slot needs no channel")
+		_, err = s.Acquire(t.Context(), "k")
+		require.ErrorIs(t, err, bucket.ErrMisconfigured)
+		assert.Contains(t, err.Error(), "SUBSCRIBE and the channels <prefix>:inflight:*")
+		release()
+		assert.Zero(t, admin.Exists(t.Context(), "sluice:{k}/inflight", "sluice:{k}/inflight/queue").Val())
+	})
+	t.Run("maxmemory-policy", func(t *testing.T) {
+		srv := redistest.Own(t, "--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru")
+		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { rdb.Close() })
+		for _, policy := range []bucket.Option{bucket.WithFailOpen(), bucket.WithFailClosed()} {
+			var logged strings.Builder
+			s := bucket.NewInFlight(rdb, 1, policy, bucket.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+			_, err := s.Acquire(t.Context(), "k")
+			require.ErrorIs(t, err, bucket.ErrMisconfigured)
+			assert.Contains(t, err.Error(), "maxmemory-policy noeviction")
+			assert.Contains(t, logged.String(), "level=ERROR")
+		}
+		r, err := bucket.NewInFlight(rdb, 1, bucket.WithEvictionAllowed()).Acquire(t.Context(), "k")
+		require.NoError(t, err)
+		r()
 	})
 }
