@@ -208,7 +208,7 @@ func (f *InFlight) Acquire(ctx context.Context, key string) (func(), error) {
 	k := f.enter(f.prefix + ":{" + keyTag(key) + "}/inflight")
 	defer f.exit(k)
 	for {
-		release, err, again := f.acquire(ctx, k)
+		release, again, err := f.acquire(ctx, k)
 		if !again {
 			return release, err
 		}
@@ -218,7 +218,7 @@ func (f *InFlight) Acquire(ctx context.Context, key string) (func(), error) {
 // acquire tries Redis for a slot of k; if Redis is unavailable and the
 // bucket fails open, the share. again reports that Redis served again
 // while it waited for the share: try it again.
-func (f *InFlight) acquire(ctx context.Context, k *flightKey) (release func(), err error, again bool) {
+func (f *InFlight) acquire(ctx context.Context, k *flightKey) (release func(), again bool, err error) {
 	m := f.member()
 	if !f.subscribed() {
 		held, _, err := f.take(ctx, k, m, false)
@@ -226,7 +226,7 @@ func (f *InFlight) acquire(ctx context.Context, k *flightKey) (release func(), e
 			return f.failed(ctx, k, m, err)
 		}
 		if held {
-			return f.holding(k, m), nil, false
+			return f.holding(k, m), false, nil
 		}
 		if err := f.subscribe(ctx); err != nil {
 			return f.failed(ctx, k, "", err)
@@ -244,7 +244,7 @@ func (f *InFlight) acquire(ctx context.Context, k *flightKey) (release func(), e
 		}
 		f.mu.Unlock()
 		if w.held || err == nil {
-			return f.holding(k, m), nil, false
+			return f.holding(k, m), false, nil
 		}
 		return f.failed(ctx, k, m, err)
 	}
@@ -263,10 +263,10 @@ func (f *InFlight) acquire(ctx context.Context, k *flightKey) (release func(), e
 		} else if !decided {
 			f.leaveDetached(ctx, k, m)
 		}
-		return nil, ctx.Err(), false
+		return nil, false, ctx.Err()
 	}
 	if w.held {
-		return f.holding(k, m), nil, false
+		return f.holding(k, m), false, nil
 	}
 	return f.failed(ctx, k, "", w.err)
 }
@@ -276,38 +276,38 @@ func (f *InFlight) acquire(ctx context.Context, k *flightKey) (release func(), e
 // while the call was under way: the script may have run). A cancelled
 // context is the caller's; a Redis unavailable, failing open, sends the
 // call to the share.
-func (f *InFlight) failed(ctx context.Context, k *flightKey, m string, err error) (func(), error, bool) {
+func (f *InFlight) failed(ctx context.Context, k *flightKey, m string, err error) (func(), bool, error) {
 	var ue *UnavailableError
 	switch {
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		if m != "" {
 			f.leaveDetached(ctx, k, m)
 		}
-		return nil, err, false
+		return nil, false, err
 	case errors.As(err, &ue) && f.fo.open:
 		// A member the lost reply of a call may have queued is left to
 		// its lease; should Redis give it a slot, the message finds no
 		// waiter, and the slot is given back (dispatch).
 		return f.share(ctx, k)
 	case errors.As(err, &ue), errors.Is(err, ErrMisconfigured):
-		return nil, err, false
+		return nil, false, err
 	}
 	if m != "" {
 		f.leaveDetached(ctx, k, m)
 	}
-	return nil, fmt.Errorf("bucket: redis in-flight: %w", err), false
+	return nil, false, fmt.Errorf("bucket: redis in-flight: %w", err)
 }
 
 // share takes a slot of this process's share of k while Redis is
 // unavailable, in the order the callers came: while fewer than the share
 // are in flight on k here, slots taken on Redis included.
-func (f *InFlight) share(ctx context.Context, k *flightKey) (func(), error, bool) {
+func (f *InFlight) share(ctx context.Context, k *flightKey) (func(), bool, error) {
 	m := f.member()
 	f.mu.Lock()
 	if len(k.shareQ) == 0 && len(k.held) < f.shareSize() {
 		k.held[m] = struct{}{}
 		f.mu.Unlock()
-		return f.releaser(k, m), nil, false
+		return f.releaser(k, m), false, nil
 	}
 	w := &flightWaiter{m: m, k: k, done: make(chan struct{})}
 	k.shareQ = append(k.shareQ, w)
@@ -316,7 +316,7 @@ func (f *InFlight) share(ctx context.Context, k *flightKey) (func(), error, bool
 	var cause error
 	select {
 	case <-w.done:
-		return f.releaser(k, m), nil, false
+		return f.releaser(k, m), false, nil
 	case <-back:
 	case <-ctx.Done():
 		cause = ctx.Err()
@@ -329,13 +329,13 @@ func (f *InFlight) share(ctx context.Context, k *flightKey) (func(), error, bool
 	f.mu.Unlock()
 	switch {
 	case decided && cause == nil:
-		return f.releaser(k, m), nil, false
+		return f.releaser(k, m), false, nil
 	case decided:
 		f.release(k, m)
 	case cause == nil:
-		return nil, nil, true // Redis is back
+		return nil, true, nil // Redis is back
 	}
-	return nil, cause, false
+	return nil, false, cause
 }
 
 // shareSize is this process's share of n: n over the fleet's live
