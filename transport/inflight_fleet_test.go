@@ -34,8 +34,8 @@ const (
 	flightGoroutines = 16
 	flightLimit      = 8
 	flightLease      = 2 * time.Second
-	flightCalls      = 160 // of the throughput run
-	flightChunk      = 10 * time.Millisecond
+	flightCalls      = 120 // of the throughput run
+	flightChunk      = 15 * time.Millisecond
 )
 
 const flightWorkerEnv = "SLUICE_TRANSPORT_INFLIGHT_WORKER"
@@ -268,7 +268,7 @@ func TestInFlightFleet(t *testing.T) {
 	t.Run("killed mid-stream", func(t *testing.T) {
 		srv := newStreamServer(t)
 		key := fmt.Sprintf("inflight-kill-%d", time.Now().UnixNano())
-		procs, _ := startFlightFleet(t, flightConfig{Redis: addr, URL: srv.URL, Key: key, Run: 3 * time.Second})
+		procs, _ := startFlightFleet(t, flightConfig{Redis: addr, URL: srv.URL, Key: key, Run: 3500 * time.Millisecond})
 		h := "sluice:{" + key + "}/inflight"
 		victim := procs[0]
 		mine := strconv.Itoa(victim.Pid()) + "."
@@ -282,7 +282,7 @@ func TestInFlightFleet(t *testing.T) {
 			return n
 		}
 		time.Sleep(500 * time.Millisecond) // steady state
-		require.Eventually(t, func() bool { return held() > 0 }, 5*time.Second, time.Millisecond,
+		require.Eventually(t, func() bool { return held() >= 2 }, 2*time.Second, time.Millisecond,
 			"the victim holds slots")
 		k := held()
 		require.NoError(t, victim.Kill())
@@ -306,7 +306,9 @@ func TestInFlightFleet(t *testing.T) {
 		t.Logf("killed a worker (SIGKILL) holding %d slots mid-stream: its slots free in Redis %v later, the server at %d in flight again %v later (lease %v); at most %d in flight at the server",
 			k, freed.Round(time.Millisecond), flightLimit, refilled.Round(time.Millisecond), flightLease, srv.most.Load())
 		require.NotZero(t, freed, "the victim's slots were never freed")
-		assert.LessOrEqual(t, freed, flightLease+300*time.Millisecond, "within the lease")
+		// Its leases end within flightLease of the kill; the other
+		// processes' waiters call then, so the slots go within their wake-up.
+		assert.LessOrEqual(t, freed, flightLease+500*time.Millisecond, "within the lease")
 		assert.NotZero(t, refilled, "the fleet never had 8 in flight again")
 		for i, p := range procs[1:] {
 			var r flightResult
