@@ -78,8 +78,8 @@ func WithLease(d time.Duration) Option {
 // a slot given back goes, in the same script, to the head of the queue, and
 // the waiter's process is told on its own Pub/Sub channel,
 // <prefix>:inflight:<pid>.<instance>, which it subscribes to on its first
-// wait (one connection per InFlight, closed once nothing has waited for a
-// second). The lease renewals, every third of a lease, also tell a process
+// wait (one connection per InFlight, closed once nothing has been held or
+// waited for during a second, or a third of the lease if that is shorter). The lease renewals, every third of a lease, also tell a process
 // which of its waiters hold a slot, should a message be lost; and a
 // process with waiters calls when the first lease of a holder ends, so a
 // dead process's slot goes to the queue on time. A cancelled waiter leaves
