@@ -34,8 +34,8 @@ const (
 	flightGoroutines = 16
 	flightLimit      = 8
 	flightLease      = 2 * time.Second
-	flightCalls      = 120 // of the throughput run
-	flightChunk      = 15 * time.Millisecond
+	flightCalls      = 64 // of the throughput run
+	flightChunk      = 30 * time.Millisecond
 )
 
 const flightWorkerEnv = "SLUICE_TRANSPORT_INFLIGHT_WORKER"
