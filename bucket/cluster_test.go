@@ -92,4 +92,35 @@ func TestRedisCluster(t *testing.T) {
 	}
 	wg.Wait()
 	assertConserved(t, lim, admitted.Load(), time.Since(start), "cluster")
+
+	// An InFlight's keys share a slot, and its waiters are woken through a
+	// channel whose node is not the key's: Redis Cluster carries the
+	// message across. Six keys land on all three nodes.
+	sem := bucket.NewInFlight(rdb, 2, bucket.WithLease(time.Second))
+	var most atomic.Int64
+	for i := range 6 {
+		key := fmt.Sprintf("cluster-inflight-%d", i)
+		var in atomic.Int64
+		for range 6 {
+			wg.Go(func() {
+				for range 10 {
+					release, err := sem.Acquire(ctx, key)
+					if !assert.NoError(t, err) {
+						return
+					}
+					now := in.Add(1)
+					for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+					}
+					time.Sleep(time.Millisecond)
+					in.Add(-1)
+					release()
+				}
+			})
+		}
+	}
+	start = time.Now()
+	wg.Wait()
+	t.Logf("cluster in-flight: 6 keys x 60 calls of 1 ms on 2 slots in %v, at most %d in flight on a key", time.Since(start).Round(time.Millisecond), most.Load())
+	assert.Equal(t, int64(2), most.Load())
+	assert.Less(t, time.Since(start), 5*time.Second, "waiters are woken, not left to their renewals")
 }

@@ -6,3 +6,13 @@ func (l *Local) Len() int {
 	defer l.mu.Unlock()
 	return len(l.keys)
 }
+
+// Queued returns how many callers wait for a slot of key.
+func (l *LocalInFlight) Queued(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if k := l.keys[key]; k != nil {
+		return len(k.queue)
+	}
+	return 0
+}

@@ -85,7 +85,7 @@ func configHint(err error) string {
 	case redis.IsAuthError(err):
 		return " (check the password and user in the client's options)"
 	case redis.IsPermissionError(err):
-		return " (grant the ACL user EVALSHA, EVAL, SCRIPT LOAD and INFO)"
+		return " (grant the ACL user EVALSHA, EVAL, SCRIPT LOAD and INFO, and for an InFlight SUBSCRIBE and the channels <prefix>:inflight:*)"
 	case redis.IsReadOnlyError(err):
 		return " (the address is a replica's: give the client the master's, or use a Sentinel or Cluster client)"
 	case errors.Is(err, errEviction):
@@ -186,15 +186,17 @@ type redisPolicy struct {
 // burst is admitted once the share bucket holds its burst, and its excess
 // owed. A window bucket (FixedWindow, SlidingLog) falls back to a token
 // bucket of the same shape, and after a restart starts its windows afresh.
+// An InFlight falls back to n over the members in flight (see InFlight).
 func WithFailOpen() Option {
-	return option{"WithFailOpen", forStored, func(c *config) { c.redis.failClosed = false }}
+	return option{"WithFailOpen", forShared, func(c *config) { c.redis.failClosed = false }}
 }
 
 // WithFailClosed makes a Redis-backed bucket fail every call with an
 // *UnavailableError (errors.Is ErrUnavailable) while Redis is unavailable,
-// taking nothing: the caller decides what to do.
+// taking nothing: the caller decides what to do. An InFlight's waiters
+// queued on Redis fail so too, once a renewal finds it unavailable.
 func WithFailClosed() Option {
-	return option{"WithFailClosed", forStored, func(c *config) { c.redis.failClosed = true }}
+	return option{"WithFailClosed", forShared, func(c *config) { c.redis.failClosed = true }}
 }
 
 // WithRedisTimeout bounds each call a Redis-backed bucket makes to Redis to
@@ -212,7 +214,7 @@ func WithFailClosed() Option {
 // client's ReadTimeout (3 s by default). Set ContextTimeoutEnabled, or
 // ReadTimeout and WriteTimeout no longer than d.
 func WithRedisTimeout(d time.Duration) Option {
-	return option{"WithRedisTimeout", forStored, func(c *config) { c.redis.timeout = d }}
+	return option{"WithRedisTimeout", forShared, func(c *config) { c.redis.timeout = d }}
 }
 
 // WithEvictionAllowed lets a Redis-backed bucket use a server whose
@@ -223,7 +225,7 @@ func WithRedisTimeout(d time.Duration) Option {
 // keys have short TTLs, so the volatile-* policies evict them first). Allow
 // it only for a server that will never reach its maxmemory.
 func WithEvictionAllowed() Option {
-	return option{"WithEvictionAllowed", forStored, func(c *config) { c.redis.evictable = true }}
+	return option{"WithEvictionAllowed", forShared, func(c *config) { c.redis.evictable = true }}
 }
 
 // WithLogger sets where a Redis-backed bucket logs its configuration errors
@@ -231,7 +233,7 @@ func WithEvictionAllowed() Option {
 // level: calls take the share, or fail) and its end (info), and what its
 // first contact could not check (warn); slog.Default() by default.
 func WithLogger(l *slog.Logger) Option {
-	return option{"WithLogger", forStored, func(c *config) { c.redis.logger = l }}
+	return option{"WithLogger", forShared, func(c *config) { c.redis.logger = l }}
 }
 
 // WithRedisBreaker sets the circuit breaker that a Redis-backed bucket puts
@@ -245,7 +247,7 @@ func WithLogger(l *slog.Logger) Option {
 // the share bucket by itself. An outage's start and end are logged (see
 // WithLogger); OnStateChange, called after that, is the place to count them.
 func WithRedisBreaker(s gobreaker.Settings) Option {
-	return option{"WithRedisBreaker", forStored, func(c *config) { c.redis.breaker = s }}
+	return option{"WithRedisBreaker", forShared, func(c *config) { c.redis.breaker = s }}
 }
 
 // processID names this process in the fleet's membership sets.
@@ -671,13 +673,18 @@ func (f *failover) beat(ctx context.Context) {
 	}
 }
 
+// run runs script on Redis through the failure policy (see failover.run).
+func (s *scripted) run(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
+	return s.fo.run(ctx, script, keys, args...)
+}
+
 // run runs script on Redis through the failure policy (see failover.do);
 // when that fails, the Cmd's error is do's. After a call that worked, it
 // counts the fleet if that is due.
-func (s *scripted) run(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
+func (f *failover) run(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
 	var cmd *redis.Cmd
-	err := s.fo.do(ctx, func(ctx context.Context) error {
-		cmd = script.run(ctx, s.rdb, keys, args...)
+	err := f.do(ctx, func(ctx context.Context) error {
+		cmd = script.run(ctx, f.rdb, keys, args...)
 		return cmd.Err()
 	})
 	if cmd == nil {
@@ -687,11 +694,11 @@ func (s *scripted) run(ctx context.Context, script *script, keys []string, args 
 		cmd.SetErr(err)
 		return cmd
 	}
-	if !s.fo.served.Load() {
-		s.fo.served.Store(true) // a READONLY from now on may be a failover
+	if !f.served.Load() {
+		f.served.Store(true) // a READONLY from now on may be a failover
 	}
-	s.fo.beat(ctx)
-	s.fo.recheck(ctx)
+	f.beat(ctx)
+	f.recheck(ctx)
 	return cmd
 }
 

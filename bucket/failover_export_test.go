@@ -5,7 +5,7 @@ import "time"
 // WithMemberID makes a bucket count in its fleet as id instead of as this
 // process, so that one test process can play several members.
 func WithMemberID(id string) Option {
-	return option{"test", forStored, func(c *config) { c.redis.memberID = id }}
+	return option{"test", forShared, func(c *config) { c.redis.memberID = id }}
 }
 
 // Members returns the fleet size that a Redis-backed bucket counted last
@@ -25,5 +25,5 @@ func Members(b Bucket) int64 {
 // WithPolicyCheckEvery makes a bucket read the servers' maxmemory-policy
 // again every d, not every minute.
 func WithPolicyCheckEvery(d time.Duration) Option {
-	return option{"test", forStored, func(c *config) { c.redis.policyEvery = d }}
+	return option{"test", forShared, func(c *config) { c.redis.policyEvery = d }}
 }

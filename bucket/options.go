@@ -23,8 +23,10 @@ const (
 	forLocal  backends = 1 << iota // NewLocal
 	forRedis                       // NewRedis
 	forWindow                      // NewFixedWindow, NewSlidingLog
+	forFlight                      // NewInFlight
 	forStored = forRedis | forWindow
 	forAll    = forLocal | forStored
+	forShared = forStored | forFlight // what Redis serves
 )
 
 // names are the constructors in b, for errors.
@@ -33,7 +35,7 @@ func (b backends) names() string {
 	for _, x := range []struct {
 		b    backends
 		name string
-	}{{forLocal, "NewLocal"}, {forRedis, "NewRedis"}, {forWindow, "NewFixedWindow, NewSlidingLog"}} {
+	}{{forLocal, "NewLocal"}, {forRedis, "NewRedis"}, {forWindow, "NewFixedWindow, NewSlidingLog"}, {forFlight, "NewInFlight"}} {
 		if b&x.b != 0 {
 			n = append(n, x.name)
 		}
@@ -66,6 +68,7 @@ type config struct {
 	windows []window
 	redis   redisPolicy   // failover.go
 	metrics metricsConfig // metrics.go
+	lease   time.Duration // NewInFlight's; 0: defaultLease
 }
 
 // Clock tells the time. The Local backend reads it; Redis backends use the
@@ -118,9 +121,10 @@ func WithClock(clk Clock) Option {
 }
 
 // WithPrefix sets the first part of a Redis-backed bucket's keys, "sluice"
-// by default: keys are <prefix>:{<key>}:<dimension>.
+// by default: keys are <prefix>:{<key>}:<dimension> (an InFlight's,
+// <prefix>:{<key>}/inflight).
 func WithPrefix(p string) Option {
-	return option{"WithPrefix", forStored, func(c *config) {
+	return option{"WithPrefix", forShared, func(c *config) {
 		if p != "" {
 			c.prefix = p
 		}
@@ -146,15 +150,8 @@ func WithPolicy(p adaptive.Policy) Option {
 // ones that come from input with Limit.Validate first), and if an option is
 // not for backend.
 func newConfig(backend backends, ctor string, requests Limit, opts []Option) (config, []dim) {
-	c := config{backend: backend, limits: map[string]Limit{Requests: requests}, clock: systemClock{}, prefix: "sluice", policy: adaptive.DefaultPolicy()}
-	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
-		}
-	}
-	if len(c.refused) > 0 {
-		panic("bucket: " + ctor + " does not take " + strings.Join(c.refused, ", "))
-	}
+	c := config{backend: backend, limits: map[string]Limit{Requests: requests}}
+	c.applyOptions(ctor, opts)
 	dims := make([]dim, 0, len(c.limits))
 	for name, l := range c.limits {
 		if err := l.Validate(); err != nil {
@@ -189,4 +186,18 @@ func newConfig(backend backends, ctor string, requests Limit, opts []Option) (co
 	}
 	sort.Slice(dims, func(i, j int) bool { return dims[i].name < dims[j].name })
 	return c, dims
+}
+
+// applyOptions applies opts over the defaults, for the constructor named
+// ctor; it panics if an option is not for c.backend.
+func (c *config) applyOptions(ctor string, opts []Option) {
+	c.clock, c.prefix, c.policy = systemClock{}, "sluice", adaptive.DefaultPolicy()
+	for _, o := range opts {
+		if o != nil {
+			o.apply(c)
+		}
+	}
+	if len(c.refused) > 0 {
+		panic("bucket: " + ctor + " does not take " + strings.Join(c.refused, ", "))
+	}
 }

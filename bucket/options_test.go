@@ -28,9 +28,12 @@ func TestOptionsAreForTheirBackends(t *testing.T) {
 		"NewRedis":       func(o ...bucket.Option) { bucket.NewRedis(rdb, lim, o...) },
 		"NewFixedWindow": func(o ...bucket.Option) { bucket.NewFixedWindow(rdb, lim, o...) },
 		"NewSlidingLog":  func(o ...bucket.Option) { bucket.NewSlidingLog(rdb, lim, o...) },
+		"NewInFlight":    func(o ...bucket.Option) { bucket.NewInFlight(rdb, 1, o...) },
 	}
 	all := []string{"NewLocal", "NewRedis", "NewFixedWindow", "NewSlidingLog"}
 	stored := all[1:]
+	shared := append(stored[:3:3], "NewInFlight")
+	ctorNames := append(all[:4:4], "NewInFlight")
 	for _, o := range []struct {
 		name   string
 		opt    bucket.Option
@@ -40,15 +43,16 @@ func TestOptionsAreForTheirBackends(t *testing.T) {
 		{"WithLimit", bucket.WithLimit(bucket.Tokens, bucket.PerSecond(100)), all, "TestFleetConservation/two_dimensions, TestFixedWindowTwoDimensionsAllOrNothing, TestSlidingLogKeysAndTTL"},
 		{"WithClock", bucket.WithClock(&fakeClock{t: epoch}), all, "every test under backends (controlled time); the share's: TestFleetMembers"},
 		{"WithPolicy", bucket.WithPolicy(adaptive.DefaultPolicy()), []string{"NewLocal", "NewRedis"}, "TestObserve"},
-		{"WithPrefix", bucket.WithPrefix("p"), stored, "TestRedisKeysAndTTL, TestFixedWindowKeysTTLAndPrecision"},
-		{"WithFailOpen", bucket.WithFailOpen(), stored, "TestFailOpen, TestWindowBucketsSettleTheirShares"},
-		{"WithFailClosed", bucket.WithFailClosed(), stored, "TestFailClosed, TestFixedWindowAndSlidingLogRejectImpossibleCosts"},
-		{"WithRedisTimeout", bucket.WithRedisTimeout(time.Second), stored, "TestBreakerBoundsOutageCost"},
-		{"WithEvictionAllowed", bucket.WithEvictionAllowed(), stored, "TestMisconfiguredRedis"},
-		{"WithLogger", bucket.WithLogger(slog.Default()), stored, "TestMisconfiguredRedis"},
-		{"WithRedisBreaker", bucket.WithRedisBreaker(gobreaker.Settings{}), stored, "TestLostReplyOpensNoBreaker, TestWindowBucketsSettleTheirShares"},
+		{"WithPrefix", bucket.WithPrefix("p"), shared, "TestRedisKeysAndTTL, TestFixedWindowKeysTTLAndPrecision, TestInFlightKeys"},
+		{"WithFailOpen", bucket.WithFailOpen(), shared, "TestFailOpen, TestWindowBucketsSettleTheirShares, TestInFlightRedisDown"},
+		{"WithFailClosed", bucket.WithFailClosed(), shared, "TestFailClosed, TestFixedWindowAndSlidingLogRejectImpossibleCosts, TestInFlightRedisDown"},
+		{"WithRedisTimeout", bucket.WithRedisTimeout(time.Second), shared, "TestBreakerBoundsOutageCost, TestInFlightKeys"},
+		{"WithEvictionAllowed", bucket.WithEvictionAllowed(), shared, "TestMisconfiguredRedis, TestInFlightMisconfiguredRedis"},
+		{"WithLogger", bucket.WithLogger(slog.Default()), shared, "TestMisconfiguredRedis, TestInFlightMisconfiguredRedis"},
+		{"WithRedisBreaker", bucket.WithRedisBreaker(gobreaker.Settings{}), shared, "TestLostReplyOpensNoBreaker, TestWindowBucketsSettleTheirShares, TestInFlightRedisDown"},
+		{"WithLease", bucket.WithLease(time.Second), []string{"NewInFlight"}, "TestInFlightLeaseFreesDeadHolder"},
 	} {
-		for _, ctor := range all {
+		for _, ctor := range ctorNames {
 			t.Run(o.name+"/"+ctor, func(t *testing.T) {
 				make := func() { ctors[ctor](o.opt) }
 				for _, taker := range o.takers {
@@ -66,10 +70,17 @@ func TestOptionsAreForTheirBackends(t *testing.T) {
 // forNames is how a refusal names the constructors in takers.
 func forNames(takers []string) string {
 	switch len(takers) {
+	case 1:
+		return "NewInFlight"
 	case 2:
 		return "NewLocal, NewRedis"
 	case 3:
 		return "NewRedis, NewFixedWindow, NewSlidingLog"
+	case 4:
+		if takers[0] == "NewLocal" {
+			return "NewLocal, NewRedis, NewFixedWindow, NewSlidingLog"
+		}
+		return "NewRedis, NewFixedWindow, NewSlidingLog, NewInFlight"
 	}
 	return ""
 }

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/bucket"
@@ -39,4 +41,35 @@ func ExampleCredentialKey() {
 	req.Header.Set("Authorization", "Bearer sk-example")
 	fmt.Println(transport.CredentialKey(req))
 	// Output: https://api.openai.com#f2d4b279b82a
+}
+
+func ExampleWithInFlight() {
+	var in, most atomic.Int64
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		now := in.Add(1)
+		defer in.Add(-1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		time.Sleep(10 * time.Millisecond)
+		io.WriteString(w, "data: done\n\n")
+	}))
+	defer api.Close()
+
+	// bucket.NewInFlight(rdb, 2) for at most 2 across the fleet.
+	client := &http.Client{Transport: transport.New(nil, transport.WithInFlight(bucket.NewLocalInFlight(2)))}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			resp, err := client.Get(api.URL)
+			if err != nil {
+				fmt.Println(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body) // the slot is given back at the end of the body
+			resp.Body.Close()
+		})
+	}
+	wg.Wait()
+	fmt.Println("at most", most.Load(), "in flight")
+	// Output: at most 2 in flight
 }

@@ -22,5 +22,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(modelsWorkerEnv) != "" { // TestFleetModels'
 		os.Exit(modelsWorker())
 	}
+	if os.Getenv(flightWorkerEnv) != "" { // TestInFlightFleet's
+		os.Exit(flightWorker())
+	}
 	redistest.Main(m)
 }

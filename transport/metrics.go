@@ -35,7 +35,7 @@ const (
 	outcomeCanceled                    // the request's context ended first
 	outcomeBreakerOpen                 // refused by the circuit breaker
 	outcomeWaitExceeded                // its slot lay past the deadline or max wait
-	outcomeBucketError                 // the bucket failed (e.g. Redis unreachable)
+	outcomeBucketError                 // the bucket or the in-flight semaphore failed (e.g. Redis unreachable)
 	numOutcomes
 )
 
@@ -81,7 +81,7 @@ func newMetrics(mp metric.MeterProvider, static []attribute.KeyValue) *metrics {
 	ms := &metrics{static: static}
 	ms.base = ms.with()
 	if ms.wait, err = m.Float64Histogram(metricWait, metric.WithUnit("s"),
-		metric.WithDescription("Time an attempt waited for the bucket and for Retry-After pauses before it was sent."),
+		metric.WithDescription("Time an attempt waited for an in-flight slot, the bucket and Retry-After pauses before it was sent."),
 		metric.WithExplicitBucketBoundaries(0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)); err != nil {
 		ms.wait, _ = nm.Float64Histogram(metricWait)
 	}

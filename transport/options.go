@@ -35,16 +35,17 @@ func Options(opts ...Option) Option {
 }
 
 type config struct {
-	bucket  bucket.Bucket
-	key     func(*http.Request) string
-	cost    func(*http.Request) bucket.Cost
-	usage   func(*http.Response) UsageMeter // nil: no reconciliation
-	retry   Retry
-	breaker *gobreaker.Settings
-	maxWait time.Duration
-	meters  metric.MeterProvider
-	attrs   []attribute.KeyValue // on every measurement
-	logger  *slog.Logger         // nil: slog.Default() at the time of logging
+	bucket   bucket.Bucket
+	inflight bucket.Semaphore // nil: none
+	key      func(*http.Request) string
+	cost     func(*http.Request) bucket.Cost
+	usage    func(*http.Response) UsageMeter // nil: no reconciliation
+	retry    Retry
+	breaker  *gobreaker.Settings
+	maxWait  time.Duration
+	meters   metric.MeterProvider
+	attrs    []attribute.KeyValue // on every measurement
+	logger   *slog.Logger         // nil: slog.Default() at the time of logging
 
 	// Injected by tests (export_test.go).
 	now   func() time.Time

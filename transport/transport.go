@@ -156,7 +156,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 		}
 	}
 	start := t.cfg.now()
-	epoch, err := t.wait(ctx, key, cost, start)
+	epoch, release, err := t.wait(ctx, key, cost, start)
 	if err != nil {
 		t.metrics.attempt(ctx, waitOutcome(ctx, err))
 		return nil, rep, false, err
@@ -167,6 +167,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 	body := req.Body
 	if n > 1 && body != nil && body != http.NoBody {
 		if body, err = req.GetBody(); err != nil {
+			release()
 			t.refund(ctx, key, cost)
 			t.metrics.attempt(ctx, outcomeError)
 			return nil, rep, false, fmt.Errorf("transport: GetBody: %w", err)
@@ -178,6 +179,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 			if n > 1 && body != nil {
 				body.Close()
 			}
+			release()
 			t.refund(ctx, key, cost)
 			t.metrics.attempt(ctx, outcomeBreakerOpen)
 			return nil, rep, false, err
@@ -202,6 +204,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 		done(outcomeErr(ctx, resp, err))
 	}
 	if err != nil {
+		release()
 		o := outcomeError
 		if ctx.Err() != nil {
 			o = outcomeCanceled
@@ -213,6 +216,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 		}
 		return nil, rep, true, err
 	}
+	holdSlot(ctx, resp, release)
 	t.metrics.attempt(ctx, responseOutcome(resp.StatusCode))
 	now := t.cfg.now()
 	rep = read(resp, now)
@@ -225,9 +229,10 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 	return resp, rep, true, nil
 }
 
-// wait holds the attempt back until key's pause is over and the bucket has
-// its cost, within the max wait and ctx's deadline. It returns the epoch of
-// the reservation.
+// wait holds the attempt back until key's pause is over, it has an
+// in-flight slot of key (WithInFlight), and the bucket has its cost, within
+// the max wait and ctx's deadline. It returns the epoch of the reservation,
+// and the slot's release (noSlot if it takes none).
 //
 // A slot that comes due while this process knows the key to be paused
 // (a 429 came back while the slot was waited for) is dropped, and another
@@ -237,39 +242,59 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 // end, this process's slots would go out as a herd into a provider that has
 // refilled only its burst, and held by the pause's length they would
 // collide with the slots reserved after it.
-func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now time.Time) (uint64, error) {
+func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now time.Time) (uint64, func(), error) {
 	maxWait := t.cfg.maxWait
+	var release func()
+	fail := func(err error) (uint64, func(), error) {
+		if release != nil {
+			release()
+		}
+		return 0, nil, err
+	}
 	for {
 		d, err := t.paused(ctx, key, now, maxWait)
 		if err != nil {
-			return 0, err
-		}
-		if t.cfg.bucket == nil {
-			return 0, nil
+			return fail(err)
 		}
 		if maxWait != bucket.Unlimited {
 			maxWait -= d
+		}
+		if release == nil {
+			release = noSlot
+			if t.cfg.inflight != nil {
+				var waited time.Duration
+				if release, waited, err = t.slot(ctx, key, maxWait); err != nil {
+					release = nil
+					return fail(err)
+				}
+				if maxWait != bucket.Unlimited {
+					maxWait -= waited
+				}
+			}
+		}
+		if t.cfg.bucket == nil {
+			return 0, release, nil
 		}
 		r, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait)
 		if err != nil {
 			switch {
 			case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-				return 0, err
+				return fail(err)
 			case errors.Is(err, bucket.ErrExceedsBurst):
-				return 0, fmt.Errorf("transport: the request's cost (WithCost) can never be admitted: %w: "+
-					"lower the cost (an LLM call's max_tokens) or raise the dimension's burst", err)
+				return fail(fmt.Errorf("transport: the request's cost (WithCost) can never be admitted: %w: "+
+					"lower the cost (an LLM call's max_tokens) or raise the dimension's burst", err))
 			}
-			return 0, fmt.Errorf("transport: %w", err)
+			return fail(fmt.Errorf("transport: %w", err))
 		}
 		t.ledger.add(charged, cost)
 		if maxWait != bucket.Unlimited {
 			maxWait -= r.Delay
 		}
 		if r.Delay <= 0 {
-			return r.Epoch, nil
+			return r.Epoch, release, nil
 		}
 		if now = t.cfg.now(); t.pauses.until(key, now).IsZero() {
-			return r.Epoch, nil
+			return r.Epoch, release, nil
 		}
 		// Not refunded: a token bucket counts the slots due during the
 		// pause as spent, and a refund would hand out one of the slots due

@@ -139,3 +139,9 @@ func WatchDecreases(ctx context.Context, addr, base string, start time.Time) fun
 		return strings.Join(cuts, " ")
 	}
 }
+
+// Pid returns the worker's process ID.
+func (w *Worker) Pid() int { return w.cmd.Process.Pid }
+
+// Kill kills the worker at once (SIGKILL): it cleans nothing up.
+func (w *Worker) Kill() error { return w.cmd.Process.Kill() }
