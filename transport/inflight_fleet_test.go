@@ -268,7 +268,7 @@ func TestInFlightFleet(t *testing.T) {
 	t.Run("killed mid-stream", func(t *testing.T) {
 		srv := newStreamServer(t)
 		key := fmt.Sprintf("inflight-kill-%d", time.Now().UnixNano())
-		procs, _ := startFlightFleet(t, flightConfig{Redis: addr, URL: srv.URL, Key: key, Run: 3500 * time.Millisecond})
+		procs, _ := startFlightFleet(t, flightConfig{Redis: addr, URL: srv.URL, Key: key, Run: 4500 * time.Millisecond})
 		h := "sluice:{" + key + "}/inflight"
 		victim := procs[0]
 		mine := strconv.Itoa(victim.Pid()) + "."
@@ -282,7 +282,9 @@ func TestInFlightFleet(t *testing.T) {
 			return n
 		}
 		time.Sleep(500 * time.Millisecond) // steady state
-		require.Eventually(t, func() bool { return held() >= 2 }, 2*time.Second, time.Millisecond,
+		// At least one slot: on a loaded machine a process may not hold two
+		// at once for a while (seen at load 7).
+		require.Eventually(t, func() bool { return held() >= 1 }, 2500*time.Millisecond, time.Millisecond,
 			"the victim holds slots")
 		k := held()
 		require.NoError(t, victim.Kill())
