@@ -19,5 +19,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(limitersWorkerEnv) != "" { // TestFleetAgainstRealLimiters'
 		os.Exit(limitersWorker())
 	}
+	if os.Getenv(geminiWorkerEnv) != "" { // TestGeminiFleet's
+		os.Exit(geminiWorker())
+	}
 	redistest.Main(m)
 }
