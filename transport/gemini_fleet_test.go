@@ -40,6 +40,12 @@ const (
 	// geminiCutoff ends a run: a call not done by then, from the common
 	// start, is lost.
 	geminiCutoff = 60 * time.Second
+	// geminiStall is how late a timer of the test or of a worker must come
+	// (fleettest.WatchStalls) for a run to count as one the machine
+	// stalled, and geminiRuns the most runs TestGeminiFleet makes when
+	// they miss a bound while it does.
+	geminiStall = 100 * time.Millisecond
+	geminiRuns  = 3
 )
 
 // geminiIdeal is the least makespan the hidden limit allows: its burst at
@@ -63,10 +69,11 @@ type geminiWorkerConfig struct {
 
 // geminiResult is what a worker prints on stdout when it is done.
 type geminiResult struct {
-	OK       int   // calls whose final response is 200
-	Lost     int   // calls whose final response is not 200, or an error
-	Attempts int64 // requests sent, retries included
-	Last     int64 // Unix nanoseconds of its last completion
+	OK       int           // calls whose final response is 200
+	Lost     int           // calls whose final response is not 200, or an error
+	Attempts int64         // requests sent, retries included
+	Last     int64         // Unix nanoseconds of its last completion
+	Stall    time.Duration // the longest its timers came late (fleettest.WatchStalls)
 	Err      string
 }
 
@@ -112,6 +119,7 @@ func geminiWorker() int {
 	}
 	start := time.Unix(0, startNs)
 	time.Sleep(time.Until(start))
+	stalls := fleettest.WatchStalls()
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(geminiCutoff))
 	defer cancel()
 
@@ -156,7 +164,7 @@ func geminiWorker() int {
 		})
 	}
 	wg.Wait()
-	res.Attempts = attempts.Load()
+	res.Attempts, res.Stall = attempts.Load(), stalls()
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return 1
 	}
@@ -178,6 +186,7 @@ type geminiRun struct {
 	makespan time.Duration
 	series   []llmtest.Point
 	watched  fleettest.Watched
+	stall    time.Duration // the longest the test's or a worker's timers came late
 	errs     []string
 }
 
@@ -197,7 +206,10 @@ type geminiRun struct {
 // a makespan of at most 1.15 times geminiIdeal. The fleet learns in the
 // first three seconds or so, at a cost of about ten 429s and a second:
 // geminiCalls is large enough that the bounds hold with room for a loaded
-// machine. TestGeminiFleetVariants measures a sliding window too, which
+// machine. A run that misses a bound while the machine stalled (a timer of
+// the test or of a worker geminiStall late) is made again, up to
+// geminiRuns in all; a lost call or an error fails at once.
+// TestGeminiFleetVariants measures a sliding window too, which
 // holds the bounds on a quiet machine but not always on a loaded one (see
 // docs/learning.md).
 func TestGeminiFleet(t *testing.T) {
@@ -207,12 +219,23 @@ func TestGeminiFleet(t *testing.T) {
 	addr := redistest.Addr(t)
 	sc := geminiScenario{name: "fixed-window", limit: llmtest.FixedWindow(geminiHidden, time.Second),
 		policy: adaptive.Policy{ColdStart: true}}
-	r := runGeminiFleet(t, addr, sc)
-	logGeminiRun(t, sc, r)
-	assert.Empty(t, r.errs, "errors")
-	assert.Equal(t, geminiCalls, r.ok, "every call succeeds")
-	assert.LessOrEqual(t, float64(r.stats.Rejected), 0.05*geminiCalls, "429s at most 5%% of the calls")
-	assert.LessOrEqual(t, r.makespan.Seconds(), 1.15*geminiIdeal.Seconds(), "makespan at most 1.15 x the ideal %v", geminiIdeal)
+	for n := 1; ; n++ {
+		r := runGeminiFleet(t, addr, sc)
+		logGeminiRun(t, sc, r)
+		within := float64(r.stats.Rejected) <= 0.05*geminiCalls && r.makespan.Seconds() <= 1.15*geminiIdeal.Seconds()
+		if !within && len(r.errs) == 0 && r.ok == geminiCalls && r.stall >= geminiStall && n < geminiRuns {
+			// A machine that stops running the fleet for a while sends
+			// the slots due meanwhile at once when it resumes: 429s, and a
+			// cut. That measures the machine, not sluice.
+			t.Logf("run %d missed a bound while the machine stalled for %v: once more", n, r.stall.Round(time.Millisecond))
+			continue
+		}
+		assert.Empty(t, r.errs, "errors")
+		assert.Equal(t, geminiCalls, r.ok, "every call succeeds")
+		assert.LessOrEqual(t, float64(r.stats.Rejected), 0.05*geminiCalls, "429s at most 5%% of the calls")
+		assert.LessOrEqual(t, r.makespan.Seconds(), 1.15*geminiIdeal.Seconds(), "makespan at most 1.15 x the ideal %v", geminiIdeal)
+		return
+	}
 }
 
 // TestGeminiFleetVariants measures TestGeminiFleet's fleet against a
@@ -252,10 +275,10 @@ func logGeminiRun(t *testing.T, sc geminiScenario, r geminiRun) {
 	if sc.policy.ColdStart {
 		start = "cold start"
 	}
-	t.Logf("%s (%v), sluice %d/s, %s: %d ok, %d lost, %d attempts, %d 429s (%.1f%%), makespan %.2fs (%.3f x ideal %.0fs)\nadmitted by second: %s\n429s by second: %s\ndecreases (time: fraction): %s\n%d pauses seen (end: length): %s\nerrors: %v",
+	t.Logf("%s (%v), sluice %d/s, %s: %d ok, %d lost, %d attempts, %d 429s (%.1f%%), makespan %.2fs (%.3f x ideal %.0fs)\nadmitted by second: %s\n429s by second: %s\ndecreases (time: fraction): %s\n%d pauses seen (end: length): %s\nlongest stall (fleettest.WatchStalls): %v\nerrors: %v",
 		sc.name, sc.limit, geminiCeiling, start, r.ok, r.lost, r.attempts, r.stats.Rejected,
 		100*float64(r.stats.Rejected)/geminiCalls, r.makespan.Seconds(), r.makespan.Seconds()/geminiIdeal.Seconds(), geminiIdeal.Seconds(),
-		strings.Join(adm, " "), strings.Join(rej, " "), r.watched.Cuts, r.watched.NumPauses, r.watched.Pauses, r.errs)
+		strings.Join(adm, " "), strings.Join(rej, " "), r.watched.Cuts, r.watched.NumPauses, r.watched.Pauses, r.stall.Round(time.Millisecond), r.errs)
 }
 
 // runGeminiFleet runs sc's server and worker processes and returns what
@@ -288,6 +311,7 @@ func runGeminiFleet(t *testing.T, addr string, sc geminiScenario) geminiRun {
 	srv.Reset() // counters and Series from about the start
 	start := time.Now().Add(100 * time.Millisecond)
 	watch := fleettest.Watch(ctx, addr, "sluice:{"+key+"}", start)
+	stalls := fleettest.WatchStalls() // of the server, in this process
 	require.NoError(t, fleettest.Release(procs, start))
 	var run geminiRun
 	var last int64
@@ -300,9 +324,11 @@ func runGeminiFleet(t *testing.T, addr string, sc geminiScenario) geminiRun {
 		run.ok += r.OK
 		run.lost += r.Lost
 		run.attempts += r.Attempts
+		run.stall = max(run.stall, r.Stall)
 		last = max(last, r.Last)
 	}
 	run.makespan = time.Unix(0, last).Sub(start)
+	run.stall = max(run.stall, stalls())
 	run.watched = watch()
 	run.stats = srv.Stats()
 	run.series = srv.Series(time.Second)

@@ -172,3 +172,36 @@ func Watch(ctx context.Context, addr, base string, start time.Time) func() Watch
 		return Watched{Cuts: strings.Join(cuts, " "), Pauses: strings.Join(pauses, " "), NumPauses: len(pauses)}
 	}
 }
+
+// stallTick is how often WatchStalls looks at the clock.
+const stallTick = 5 * time.Millisecond
+
+// WatchStalls measures, until the returned function is called, how late
+// this process's timers fire: the longest a ticker of stallTick came late,
+// which a machine too busy to run the process (or a process frozen) makes
+// long. It is how a worker tells a run the machine stalled from one sluice
+// got wrong.
+func WatchStalls() func() time.Duration {
+	stop, done := make(chan struct{}), make(chan time.Duration)
+	go func() {
+		tick := time.NewTicker(stallTick)
+		defer tick.Stop()
+		var worst time.Duration
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				done <- worst
+				return
+			case <-tick.C: // the time it fired would hide how late it is read
+				now := time.Now()
+				worst = max(worst, now.Sub(last)-stallTick)
+				last = now
+			}
+		}
+	}()
+	return func() time.Duration {
+		close(stop)
+		return <-done
+	}
+}
