@@ -26,7 +26,10 @@ type Body struct {
 //     with "per_day"): Gemini asks even then for a retry in seconds, which
 //     would be refused again until the day is over;
 //   - RetryAfter from Gemini's google.rpc.RetryInfo, whose retryDelay is a
-//     protobuf Duration in its JSON form ("3s", "1.5s", "0.250s"), else
+//     protobuf Duration in its JSON form ("3s", "1.5s", "0.250s"), unless
+//     the message states the same delay more exactly (within the second
+//     after it: Gemini truncates the RetryInfo to whole seconds, "59s" for
+//     "Please retry in 59.322187034s.", "0s" for "in 356.313387ms."); else
 //     from the error's message text: "try again in" (OpenAI: "Please try
 //     again in 6.379s.", "in 1m30s", "in 20ms"), "retry in" (Gemini's
 //     message: "Please retry in 39.010806355s.") or "retry after" (Azure:
@@ -82,8 +85,12 @@ func ParseBody(body []byte) Body {
 			}
 		}
 	}
-	if !retryInfo {
-		b.RetryAfter, _ = messageDelay(e.Message)
+	// Gemini truncates the RetryInfo to whole seconds ("59s", "0s") and
+	// states the delay exactly in its message ("Please retry in
+	// 59.322187034s.", "in 356.313387ms."): a retry at the truncated delay
+	// comes up to a second early, into a window that has not freed yet.
+	if m, ok := messageDelay(e.Message); ok && (!retryInfo || m >= b.RetryAfter && m-b.RetryAfter < time.Second) {
+		b.RetryAfter = m
 	}
 	return b
 }

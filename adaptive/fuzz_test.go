@@ -307,6 +307,8 @@ func FuzzParseBody(f *testing.F) {
 		`{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"3s"},` +
 			`{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"m","quotaId":"GenerateRequestsPerDayPerProjectPerModel-FreeTier"}]}]}}`,
 		`{"error":{"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"0.250s"}]}}`,
+		`{"error":{"code":429,"message":"Please retry in 59.322187034s.","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"59s"}]}}`,
+		`{"error":{"code":429,"message":"Please retry in 356.313387ms.","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"0s"}]}}`,
 		`{"error":{"details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"9223372036.854775808s"}]}}`,
 		`{"error":{"message":"Please try again in 6.379s. Visit","type":"tokens","code":"rate_limit_exceeded"}}`,
 		`{"error":{"message":"Please try again in 1m30s."}}`, `{"error":{"message":"retry after 17 seconds"}}`,

@@ -25,5 +25,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(flightWorkerEnv) != "" { // TestInFlightFleet's
 		os.Exit(flightWorker())
 	}
+	if os.Getenv(geminiWorkerEnv) != "" { // TestGeminiFleet's
+		os.Exit(geminiWorker())
+	}
 	redistest.Main(m)
 }

@@ -2,7 +2,7 @@
 // fleet test, for sluice's tests in every module of the repository: a
 // worker reads its configuration from an environment variable, says
 // "ready" on stdout, waits for the start time on stdin, and reports on
-// stdout; and it watches a Redis bucket's decreases.
+// stdout; and it watches a Redis bucket's decreases and pauses.
 package fleettest
 
 import (
@@ -99,17 +99,42 @@ func (w *Worker) Stderr() string { return w.stderr.String() }
 // called, which returns the decreases seen: when, after start, and to what
 // fraction of the ceiling.
 func WatchDecreases(ctx context.Context, addr, base string, start time.Time) func() string {
+	w := Watch(ctx, addr, base, start)
+	return func() string { return w().Cuts }
+}
+
+// Watched is what Watch saw of a key's adaptive state.
+type Watched struct {
+	// Cuts are the decreases: when, in seconds after the start, and to
+	// what fraction of the ceiling ("2.31s:0.700").
+	Cuts string
+	// Pauses are the pauses seen, each as its end and its length when
+	// first seen, in seconds after the start ("2.85s:0.54s"); a pause
+	// that came and went, or was lengthened, between two samples is
+	// missed.
+	Pauses string
+	// NumPauses counts them.
+	NumPauses int
+}
+
+// watchEvery is how often Watch samples.
+const watchEvery = 10 * time.Millisecond
+
+// Watch polls the adaptive state of the Redis key base (see bucket's
+// redis_lua.go) every watchEvery until ctx is done or the returned
+// function is called, which returns what it saw.
+func Watch(ctx context.Context, addr, base string, start time.Time) func() Watched {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	ctx, cancel := context.WithCancel(ctx)
 	var (
-		cuts []string // read once done is closed
-		seen string
-		done = make(chan struct{})
+		cuts, pauses []string // read once done is closed
+		seen, ended  string
+		done         = make(chan struct{})
 	)
 	go func() {
 		defer close(done)
 		defer rdb.Close()
-		tick := time.NewTicker(20 * time.Millisecond)
+		tick := time.NewTicker(watchEvery)
 		defer tick.Stop()
 		for {
 			select {
@@ -117,13 +142,21 @@ func WatchDecreases(ctx context.Context, addr, base string, start time.Time) fun
 				return
 			case <-tick.C:
 			}
-			s, err := rdb.HMGet(ctx, base, "e", "a", "d").Result()
+			s, err := rdb.HMGet(ctx, base, "e", "a", "d", "p").Result()
 			if err != nil {
 				continue
 			}
+			now := time.Now()
 			e, _ := s[0].(string)
 			as, _ := s[1].(string)
 			ds, _ := s[2].(string)
+			if ps, _ := s[3].(string); ps != "" && ps != ended {
+				ended = ps
+				p, _ := strconv.ParseInt(ps, 10, 64)
+				if end := time.UnixMicro(p); end.After(now) {
+					pauses = append(pauses, fmt.Sprintf("%.2fs:%.2fs", end.Sub(start).Seconds(), end.Sub(now).Seconds()))
+				}
+			}
 			if e == seen || as == "" || ds == "" { // no decrease, or one forgotten
 				continue
 			}
@@ -133,10 +166,43 @@ func WatchDecreases(ctx context.Context, addr, base string, start time.Time) fun
 			cuts = append(cuts, fmt.Sprintf("%.2fs:%.3f", time.UnixMicro(d).Sub(start).Seconds(), a/1e6))
 		}
 	}()
-	return func() string {
+	return func() Watched {
 		cancel()
 		<-done
-		return strings.Join(cuts, " ")
+		return Watched{Cuts: strings.Join(cuts, " "), Pauses: strings.Join(pauses, " "), NumPauses: len(pauses)}
+	}
+}
+
+// stallTick is how often WatchStalls looks at the clock.
+const stallTick = 5 * time.Millisecond
+
+// WatchStalls measures, until the returned function is called, how late
+// this process's timers fire: the longest a ticker of stallTick came late,
+// which a machine too busy to run the process (or a process frozen) makes
+// long. It is how a worker tells a run the machine stalled from one sluice
+// got wrong.
+func WatchStalls() func() time.Duration {
+	stop, done := make(chan struct{}), make(chan time.Duration)
+	go func() {
+		tick := time.NewTicker(stallTick)
+		defer tick.Stop()
+		var worst time.Duration
+		last := time.Now()
+		for {
+			select {
+			case <-stop:
+				done <- worst
+				return
+			case <-tick.C: // the time it fired would hide how late it is read
+				now := time.Now()
+				worst = max(worst, now.Sub(last)-stallTick)
+				last = now
+			}
+		}
+	}()
+	return func() time.Duration {
+		close(stop)
+		return <-done
 	}
 }
 

@@ -30,6 +30,18 @@ type Config struct {
 	// haproxy's deny ... hdr). Negative sends neither header, as nginx's
 	// limit_req and haproxy's deny do by default. Zero reports the wait.
 	RetryAfter time.Duration
+	// Gemini answers the limits' refusals as the Gemini API does: 429
+	// with a google.rpc.Status body (status RESOURCE_EXHAUSTED) whose
+	// details are a google.rpc.QuotaFailure naming the refusing limits
+	// (per minute, or per day for a window of a day or more) and a
+	// google.rpc.RetryInfo whose retryDelay is the wait truncated to whole
+	// seconds ("59s", "0s"), and whose message ends with the exact wait
+	// ("Please retry in 59.322187034s.", "in 356.313387ms."); and no
+	// Retry-After nor retry-after-ms: RetryAfter and RetryAfterMs are
+	// ignored. Gemini sends no quota headers either: leave Headers zero to
+	// be faithful. A request that can never fit gets the QuotaFailure
+	// without a RetryInfo, and no delay in the message.
+	Gemini bool
 	// ReplyTokens is the length in tokens of every completion, unless the
 	// request caps it lower; zero means 16.
 	ReplyTokens int
@@ -98,9 +110,9 @@ const (
 // Beyond the limits the answer is 429 with an OpenAI error body ("type" is
 // the dimension that refused, "code" rate_limit_exceeded) and Retry-After:
 // the time until the request would fit, in seconds rounded up (see
-// Config.RetryAfter). A request
-// larger than a limit's capacity can never fit: it answers 429 "Request too
-// large" without Retry-After.
+// Config.RetryAfter), or with Config.Gemini, Gemini's body and no header.
+// A request larger than a limit's capacity can never fit: it answers 429
+// "Request too large" without Retry-After.
 //
 // A Handler is safe for concurrent use. It keeps every admission until
 // Reset, for MaxInWindow and Series.
@@ -240,6 +252,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, req *ChatRequest
 	h.cfg.Headers.write(w.Header(), &d.quotas, d.now)
 	switch {
 	case !d.refused:
+	case h.cfg.Gemini:
+		model := ""
+		if req != nil {
+			model = req.Model
+		}
+		writeGemini(w, &d, model)
+		return
 	case d.wait == 0:
 		q := d.quotas[d.dim]
 		writeError(w, http.StatusTooManyRequests, d.dim.String(), "rate_limit_exceeded", fmt.Sprintf(
@@ -278,9 +297,10 @@ type decision struct {
 	// If refused, dim is the dimension that decided it (the first that
 	// can never fit the cost, else the one that fits it last), and wait
 	// how long until the request fits, zero if it never will.
-	refused bool
-	dim     Dimension
-	wait    time.Duration
+	refused  bool
+	refusing [numDims]bool // the dimensions that refused it
+	dim      Dimension
+	wait     time.Duration
 }
 
 // admit decides on a request of cost, admitting it if every limit has room,
@@ -290,7 +310,7 @@ func (h *Handler) admit(cost [numDims]int64, a *answer) decision {
 	defer h.mu.Unlock()
 	now := h.tick()
 	d := decision{now: time.Unix(0, now)}
-	var refusing [numDims]bool
+	refusing := &d.refusing
 	for i, m := range h.meters {
 		if m == nil {
 			continue
