@@ -354,16 +354,16 @@ func (h *Handler) setRetryAfter(hdr http.Header, wait time.Duration) {
 type decision struct {
 	now    time.Time
 	quotas [numDims]*quota // after the decision; nil if unlimited
+	// If admitted, admission is its index in Handler.admitted, made
+	// between the Resets-th Reset and the next.
+	admission int
+	resets    int64
 	// If refused, dim is the dimension that decided it (the first that
 	// can never fit the cost, else the one that fits it last), and wait
 	// how long until the request fits, zero if it never will.
 	refused bool
 	dim     Dimension
 	wait    time.Duration
-	// If admitted, admission is its index in Handler.admitted, made
-	// between the Resets-th Reset and the next.
-	admission int
-	resets    int64
 }
 
 // admit decides on a request of cost, admitting it if every limit has room,
