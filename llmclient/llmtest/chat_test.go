@@ -217,7 +217,7 @@ func TestPlainEndpoint(t *testing.T) {
 		assert.Equal(t, "text/plain; charset=utf-8", w.Header().Get("Content-Type"), r)
 	}
 	assert.Equal(t, http.StatusTooManyRequests, get(h).Code, "one request each")
-	assert.Equal(t, Stats{Accepted: 3, Rejected: 1, RejectedBy: [2]int64{Requests: 1}}, h.Stats(), "no tokens")
+	assert.Equal(t, Stats{Accepted: 3, Rejected: 1, RejectedBy: [4]int64{Requests: 1}}, h.Stats(), "no tokens")
 }
 
 func TestLatency(t *testing.T) {

@@ -52,9 +52,13 @@ func geminiQuota(d Dimension, w time.Duration) (metric, id string) {
 	if w >= 24*time.Hour {
 		per = "Day"
 	}
-	if d == Tokens {
+	switch d {
+	case Tokens, InputTokens:
 		return "generativelanguage.googleapis.com/generate_content_paid_tier_input_token_count",
 			"GenerateContentInputTokensPerModelPer" + per
+	case OutputTokens: // Gemini limits no output tokens; named in its fashion
+		return "generativelanguage.googleapis.com/generate_content_paid_tier_output_token_count",
+			"GenerateContentOutputTokensPerModelPer" + per
 	}
 	return "generativelanguage.googleapis.com/generate_content_paid_tier_requests",
 		"GenerateRequestsPer" + per + "PerProjectPerModel"

@@ -143,7 +143,7 @@ func TestGeminiRefusingDimensions(t *testing.T) {
 	// A daily quota: sluice takes it as spent, the delay kept.
 	assert.Equal(t, adaptive.Body{QuotaExhausted: true, RetryAfter: 86310 * time.Second}, adaptive.ParseBody(w.Body.Bytes()))
 	st := h.Stats()
-	assert.Equal(t, [2]int64{1, 2}, st.RejectedBy)
+	assert.Equal(t, [4]int64{1, 2}, st.RejectedBy)
 }
 
 func TestGeminiRequestTooLarge(t *testing.T) {

@@ -3,32 +3,47 @@ package llmtest
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"time"
 )
 
-// Dimension is what a Limit counts: requests or tokens.
+// Dimension is what a Limit counts: requests, tokens, or input or output
+// tokens apart, as Anthropic limits them.
 type Dimension uint8
 
 const (
 	// Requests counts requests: every request costs 1.
 	Requests Dimension = iota
-	// Tokens counts tokens: a chat completion costs its prompt's tokens
-	// plus the most it may complete (see Handler); other requests cost 0.
+	// Tokens counts tokens: a chat completion or a message costs its
+	// prompt's tokens plus its completion's (see Handler); other requests
+	// cost 0.
 	Tokens
+	// InputTokens counts a chat completion's or a message's prompt tokens,
+	// taken at admission.
+	InputTokens
+	// OutputTokens counts a chat completion's or a message's completion
+	// tokens: its cap is taken at admission, and the part of it the
+	// completion does not use given back once the response is written, as
+	// Anthropic says it counts output tokens (see Handler).
+	OutputTokens
 )
 
 // numDims is the number of dimensions; arrays indexed by Dimension have it.
-const numDims = 2
+const numDims = 4
 
-// String returns "requests" or "tokens", the names OpenAI's error bodies
-// and headers use.
+// String returns "requests", "tokens", "input_tokens" or "output_tokens":
+// the names OpenAI's error bodies and headers use, and sluice's bucket.
 func (d Dimension) String() string {
 	switch d {
 	case Requests:
 		return "requests"
 	case Tokens:
 		return "tokens"
+	case InputTokens:
+		return "input_tokens"
+	case OutputTokens:
+		return "output_tokens"
 	}
 	return "Dimension(" + strconv.Itoa(int(d)) + ")"
 }
@@ -242,6 +257,10 @@ type meter interface {
 	// refuse counts cost, which a limit refused (this one or another),
 	// if the meter counts refused requests.
 	refuse(now, cost int64)
+	// give gives back cost of what take counted at the time at: the part
+	// of an admission's charge it did not use. What is no longer counted
+	// (its window has passed) is not given back.
+	give(now, at, cost int64)
 	// status returns how much would fit now and how long until the meter
 	// is whole again (nothing counted against it).
 	status(now int64) (remaining int64, reset time.Duration)
@@ -299,6 +318,11 @@ func (m *bucketMeter) take(now, cost int64) {
 
 func (m *bucketMeter) refuse(int64, int64) {}
 
+func (m *bucketMeter) give(now, _, cost int64) {
+	m.advance(now)
+	m.level = min(m.level+cost*m.b, m.capacity) // cost*b <= capacity: it was taken
+}
+
 func (m *bucketMeter) status(now int64) (int64, time.Duration) {
 	m.advance(now)
 	return m.level / m.b, time.Duration(ceilDiv(m.capacity-m.level, m.a))
@@ -334,6 +358,13 @@ func (m *fixedMeter) take(now, cost int64) {
 }
 
 func (m *fixedMeter) refuse(int64, int64) {}
+
+func (m *fixedMeter) give(now, at, cost int64) {
+	m.advance(now)
+	if at >= m.start {
+		m.used = max(m.used-cost, 0)
+	}
+}
 
 func (m *fixedMeter) status(now int64) (int64, time.Duration) {
 	m.advance(now)
@@ -395,6 +426,25 @@ func (m *slidingMeter) take(now, cost int64) {
 func (m *slidingMeter) refuse(now, cost int64) {
 	if m.counting && cost <= m.n {
 		m.take(now, cost)
+	}
+}
+
+// give takes cost off the entries logged at the time at, the latest
+// first: entries of one time count alike. An entry left with nothing is
+// dropped.
+func (m *slidingMeter) give(now, at, cost int64) {
+	m.advance(now)
+	for i := len(m.log) - 1; i >= 0 && cost > 0 && m.log[i].t >= at; i-- {
+		if m.log[i].t != at {
+			continue
+		}
+		g := min(cost, m.log[i].cost)
+		m.log[i].cost -= g
+		m.sum -= g
+		cost -= g
+		if m.log[i].cost == 0 {
+			m.log = slices.Delete(m.log, i, i+1)
+		}
 	}
 }
 

@@ -169,7 +169,7 @@ func TestAllDimensionsMustAdmit(t *testing.T) {
 	st := h.Stats()
 	assert.EqualValues(t, 4, st.Accepted)
 	assert.EqualValues(t, 2, st.Rejected)
-	assert.Equal(t, [2]int64{1, 1}, st.RejectedBy)
+	assert.Equal(t, [4]int64{1, 1}, st.RejectedBy)
 	assert.EqualValues(t, 200, st.ChargedTokens)
 }
 
@@ -186,7 +186,7 @@ func TestRefusedByBothNamesTheLongerWait(t *testing.T) {
 	assert.Equal(t, "requests", apiError(t, w).Error.Type, "1 s for a request, 1 s for 10 tokens: the first wins a tie")
 	w = chat(t, h, userMessage("", 8))
 	assert.Equal(t, "tokens", apiError(t, w).Error.Type, "1.1 s for 11 tokens")
-	assert.Equal(t, [2]int64{2, 2}, h.Stats().RejectedBy)
+	assert.Equal(t, [4]int64{2, 2}, h.Stats().RejectedBy)
 }
 
 func TestRequestTooLarge(t *testing.T) {

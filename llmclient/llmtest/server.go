@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -18,6 +19,10 @@ type Config struct {
 	// Requests and Tokens are the hidden limits; the zero Limit is none.
 	// A request is admitted only if both have room for its cost.
 	Requests, Tokens Limit
+	// InputTokens and OutputTokens are hidden limits on input and output
+	// tokens apart, as Anthropic sets them (see Handler for how each is
+	// counted); the zero Limit is none.
+	InputTokens, OutputTokens Limit
 	// Headers are the styles in which responses report the limits; zero
 	// sends none, leaving a client only 429 and Retry-After to go by.
 	Headers Headers
@@ -71,7 +76,9 @@ type Config struct {
 
 // Fault is a failure that Config.Fault injects ahead of the limits. Each
 // answers with an OpenAI error body, without Retry-After or quota headers;
-// a value not named here answers 500.
+// a value not named here answers 500. On the Messages API the body is
+// Anthropic's, and QuotaExhausted answers as Anthropic does when the
+// credit balance is too low: 400 with an invalid_request_error.
 type Fault uint8
 
 const (
@@ -90,12 +97,16 @@ const (
 )
 
 // Handler is the fake API as an http.Handler: a hidden rate limit in front
-// of two endpoints.
+// of three endpoints.
 //
 // POST to any path that ends in /chat/completions (Server.URL +
 // "/chat/completions") is an OpenAI chat completion. The request costs 1
 // request and its usage in tokens (PromptTokens + the completion's length),
-// taken at admission; with Config.ChargeCap, PromptTokens + its cap. The
+// taken at admission; with Config.ChargeCap, PromptTokens + its cap; its
+// prompt in input tokens, taken at admission; and its cap in output tokens,
+// taken at admission, of which the part the completion does not use is
+// given back once the response is written (see Anthropic's rules below).
+// The cap is max_completion_tokens, else max_tokens, else ReplyTokens. The
 // completion is min(cap, ReplyTokens) tokens of
 // lorem ipsum, 4 characters a token (finish_reason "length" if the cap cut
 // it short, else "stop"), with its usage; with "stream": true it is sent as
@@ -103,6 +114,32 @@ const (
 // with the usage if stream_options.include_usage, then data: [DONE]. A body
 // that is not a chat request answers 400, another method 405, and neither
 // is counted against the limits.
+//
+// POST to any path that ends in /v1/messages (Server.AnthropicURL +
+// "/v1/messages") is an Anthropic Messages API request: model, max_tokens
+// (both required), system and messages (strings or content blocks, see
+// Content), tools and stream are read. It is counted by Anthropic's rules:
+// 1 request; its input tokens (MessageInputTokens: characters/4 of the
+// system prompt, messages and tools, plus 3 a message), taken at
+// admission; and its max_tokens in output tokens, taken at admission, the
+// part the completion does not use given back once the response is
+// written (or abandoned), as Anthropic says it estimates output tokens
+// from max_tokens at the start of a request and adjusts them at its end.
+// A request is admitted only if every limit has room for its whole
+// charge. The Tokens limit, if set, counts the input plus the output (its
+// cap, with ChargeCap). The reply is min(max_tokens, ReplyTokens) tokens of
+// lorem ipsum (stop_reason "max_tokens" if max_tokens cut it short, else
+// "end_turn") as a Message with its usage {input_tokens, output_tokens};
+// with "stream": true as Anthropic's server-sent events: message_start
+// (usage: the input tokens, and 1 output token), content_block_start,
+// ping, one content_block_delta per token, content_block_stop,
+// message_delta (the stop reason, and usage: the output tokens),
+// message_stop. Beyond the limits it answers 429 with Anthropic's error
+// body (type rate_limit_error) and Retry-After in whole seconds, rounded
+// up (see Config.RetryAfter); errors, 400 and 405, have Anthropic's body
+// too. With AnthropicHeaders, every response the limits decided reports
+// requests, input tokens, output tokens and tokens, the last the most
+// restrictive of the token limits.
 //
 // Any other path and method answers 200 "ok" for 1 request and 0 tokens:
 // an API that rate-limits plain HTTP calls.
@@ -123,11 +160,12 @@ type Handler struct {
 	mu       sync.Mutex
 	last     int64 // latest clock reading, Unix nanoseconds
 	start    int64 // of Series: creation or last Reset
+	resets   int64 // Resets so far: a give-back from before one is void
 	meters   [numDims]meter
 	stats    Stats
-	admitted []admission // tokens charged by each admission
-	rejected []int64     // times of the limits' 429s
-	seq      int64       // numbers completions
+	admitted []charge // what each admission was charged
+	rejected []int64  // times of the limits' 429s
+	seq      int64    // numbers completions
 }
 
 // NewHandler returns a Handler configured by cfg, its limits full at the
@@ -153,6 +191,9 @@ type Server struct {
 	// URL is the base URL of the API, http://127.0.0.1:port/v1: what
 	// OpenAI clients take as their base URL.
 	URL string
+	// AnthropicURL is http://127.0.0.1:port, what Anthropic clients take
+	// as their base URL: they add /v1/messages.
+	AnthropicURL string
 
 	srv *httptest.Server
 }
@@ -162,7 +203,7 @@ type Server struct {
 func NewServer(cfg Config) *Server {
 	h := NewHandler(cfg)
 	srv := httptest.NewServer(h)
-	return &Server{Handler: h, URL: srv.URL + "/v1", srv: srv}
+	return &Server{Handler: h, URL: srv.URL + "/v1", AnthropicURL: srv.URL, srv: srv}
 }
 
 // Close shuts the server down, blocking until every request to it is done.
@@ -180,6 +221,7 @@ func (h *Handler) Reset() {
 	}
 	h.stats = Stats{}
 	h.admitted, h.rejected = nil, nil
+	h.resets++
 }
 
 // tick reads the clock, never earlier than its last reading. h.mu is held.
@@ -193,6 +235,10 @@ const maxBody = 8 << 20
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasSuffix(r.URL.Path, messagesPath) {
+		h.serveMessages(w, r)
+		return
+	}
 	if h.cfg.Fault != nil {
 		if f := h.cfg.Fault(h.now()); f != NoFault {
 			h.count(&h.stats.Faulted)
@@ -236,17 +282,14 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, req *ChatRequest
 	var a *answer
 	cost := [numDims]int64{Requests: 1}
 	if req != nil {
-		a = &answer{model: req.Model, prompt: PromptTokens(*req), completion: h.cfg.ReplyTokens, finish: "stop"}
+		a = &answer{id: "chatcmpl-llmtest-", model: req.Model, prompt: PromptTokens(*req), completion: h.cfg.ReplyTokens, finish: "stop"}
 		limit := req.maxCompletion()
 		if limit == 0 {
 			limit = h.cfg.ReplyTokens
 		} else if limit < a.completion {
 			a.completion, a.finish = limit, "length"
 		}
-		cost[Tokens] = int64(a.prompt + a.completion)
-		if h.cfg.ChargeCap {
-			cost[Tokens] = int64(a.prompt + limit)
-		}
+		cost = h.cost(a, limit)
 	}
 	d := h.admit(cost, a)
 	h.cfg.Headers.write(w.Header(), &d.quotas, d.now)
@@ -266,12 +309,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, req *ChatRequest
 		return
 	default:
 		q := d.quotas[d.dim]
-		switch ra := h.cfg.RetryAfter; {
-		case ra == 0:
-			setRetryAfter(w.Header(), d.wait, h.cfg.RetryAfterMs)
-		case ra > 0:
-			setRetryAfter(w.Header(), ra, h.cfg.RetryAfterMs)
-		}
+		h.setRetryAfter(w.Header(), d.wait)
 		writeError(w, http.StatusTooManyRequests, d.dim.String(), "rate_limit_exceeded", fmt.Sprintf(
 			"Rate limit reached for %s (%v): Limit %d, Remaining %d, Requested %d. Please try again in %s.",
 			d.dim, q.limit, q.limit.capacity(), q.remaining, cost[d.dim], openAIDuration(d.wait)))
@@ -288,12 +326,57 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, req *ChatRequest
 	default:
 		a.writeJSON(w, r, h.cfg.Latency, h.cfg.TokenLatency)
 	}
+	if a != nil {
+		h.giveBack(&d, cost[OutputTokens]-int64(a.completion))
+	}
+}
+
+// cost returns what completion a, capped at limit tokens, costs. A cap
+// beyond 2^31-1 counts as 2^31-1, so that no sum of costs overflows.
+func (h *Handler) cost(a *answer, limit int) [numDims]int64 {
+	l := int64(min(limit, math.MaxInt32))
+	c := [numDims]int64{Requests: 1, Tokens: int64(a.prompt + a.completion),
+		InputTokens: int64(a.prompt), OutputTokens: l}
+	if h.cfg.ChargeCap {
+		c[Tokens] = int64(a.prompt) + l
+	}
+	return c
+}
+
+// giveBack gives n output tokens back to the limit that d admitted, at the
+// end of the response: the part of its cap the completion did not use.
+func (h *Handler) giveBack(d *decision, n int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if d.refused || n <= 0 || d.resets != h.resets {
+		return
+	}
+	now := h.tick()
+	if m := h.meters[OutputTokens]; m != nil {
+		m.give(now, d.now.UnixNano(), n)
+	}
+	h.admitted[d.admission].cost[OutputTokens] -= n
+}
+
+// setRetryAfter sets the Retry-After (and retry-after-ms) of a 429 whose
+// request would fit after wait, as Config.RetryAfter says.
+func (h *Handler) setRetryAfter(hdr http.Header, wait time.Duration) {
+	switch ra := h.cfg.RetryAfter; {
+	case ra == 0:
+		setRetryAfter(hdr, wait, h.cfg.RetryAfterMs)
+	case ra > 0:
+		setRetryAfter(hdr, ra, h.cfg.RetryAfterMs)
+	}
 }
 
 // decision is the limits' verdict on one request.
 type decision struct {
 	now    time.Time
 	quotas [numDims]*quota // after the decision; nil if unlimited
+	// If admitted, admission is its index in Handler.admitted, made
+	// between the Resets-th Reset and the next.
+	admission int
+	resets    int64
 	// If refused, dim is the dimension that decided it (the first that
 	// can never fit the cost, else the one that fits it last), and wait
 	// how long until the request fits, zero if it never will.
@@ -357,10 +440,11 @@ func (h *Handler) admit(cost [numDims]int64, a *answer) decision {
 		}
 		h.stats.Accepted++
 		h.stats.ChargedTokens += cost[Tokens]
-		h.admitted = append(h.admitted, admission{now, cost[Tokens]})
+		d.admission, d.resets = len(h.admitted), h.resets
+		h.admitted = append(h.admitted, charge{now, cost})
 		if a != nil {
 			h.seq++
-			a.id, a.created = "chatcmpl-llmtest-"+strconv.FormatInt(h.seq, 10), now/int64(time.Second)
+			a.id, a.created = a.id+strconv.FormatInt(h.seq, 10), now/int64(time.Second)
 			h.stats.PromptTokens += int64(a.prompt)
 			h.stats.CompletionTokens += int64(a.completion)
 			h.stats.TotalTokens += int64(a.prompt + a.completion)
@@ -378,7 +462,9 @@ func (h *Handler) admit(cost [numDims]int64, a *answer) decision {
 }
 
 // limits returns the configured limits by Dimension.
-func (h *Handler) limits() [numDims]Limit { return [numDims]Limit{h.cfg.Requests, h.cfg.Tokens} }
+func (h *Handler) limits() [numDims]Limit {
+	return [numDims]Limit{h.cfg.Requests, h.cfg.Tokens, h.cfg.InputTokens, h.cfg.OutputTokens}
+}
 
 // errorJSON is OpenAI's error body.
 type errorJSON struct {

@@ -7,16 +7,17 @@ import "time"
 type Stats struct {
 	Accepted int64 // requests the limits admitted
 	Rejected int64 // requests the limits answered 429
-	// RejectedBy counts rejections by the Dimension that refused them; a
-	// request both refused counts in both.
-	RejectedBy [2]int64
+	// RejectedBy counts rejections by the Dimension that refused them
+	// (its index); a request that several refused counts in each.
+	RejectedBy [4]int64
 	Faulted    int64 // requests that Config.Fault answered
 	Invalid    int64 // chat requests answered 400 or 405
 	// ChargedTokens is what the accepted requests cost in tokens at
 	// admission (prompt plus cap): what the token limit counted.
 	ChargedTokens int64
 	// PromptTokens, CompletionTokens and TotalTokens sum the usage that
-	// the accepted chat completions report, counted at admission.
+	// the accepted chat completions and messages report (a message's
+	// input_tokens, output_tokens and their sum), counted at admission.
 	PromptTokens, CompletionTokens, TotalTokens int64
 }
 
@@ -29,28 +30,25 @@ func (h *Handler) Stats() Stats {
 
 // MaxInWindow returns the most the limits admitted in any interval
 // [t, t+w) since h was made or last Reset, exactly, by the clock: requests,
-// or tokens charged at admission. It is the figure to hold against a
-// limit: a SlidingWindow(n, w) or CountingSlidingWindow(n, w) keeps it at
-// most n, a FixedWindow(n, w) or a TokenBucket(n, w, n) at most 2n, a
-// LeakyBucket(n, w, n) at most 2n+1. It is 0 if w <= 0.
+// or tokens charged at admission; output tokens as they stay charged once
+// the unused part of each cap is given back, counted at admission. It is
+// the figure to hold against a limit: a SlidingWindow(n, w) or
+// CountingSlidingWindow(n, w) keeps it at most n, a FixedWindow(n, w) or a
+// TokenBucket(n, w, n) at most 2n, a LeakyBucket(n, w, n) at most 2n+1
+// (for output tokens, plus what is given back within the interval of caps
+// taken before it). It is 0 if w <= 0 or d is no Dimension.
 func (h *Handler) MaxInWindow(d Dimension, w time.Duration) int64 {
-	if w <= 0 {
+	if w <= 0 || d >= numDims {
 		return 0
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	amount := func(a admission) int64 {
-		if d == Tokens {
-			return a.cost
-		}
-		return 1
-	}
 	var most, sum int64
 	i := 0 // the oldest admission in the window that ends with the current one
 	for _, a := range h.admitted {
-		sum += amount(a)
+		sum += a.cost[d]
 		for ; a.t-h.admitted[i].t >= int64(w); i++ {
-			sum -= amount(h.admitted[i])
+			sum -= h.admitted[i].cost[d]
 		}
 		most = max(most, sum)
 	}
@@ -94,10 +92,20 @@ func (h *Handler) Series(d time.Duration) []Point {
 	for _, a := range h.admitted {
 		p := &pts[(a.t-h.start)/w]
 		p.Requests++
-		p.Tokens += a.cost
+		p.Tokens += a.cost[Tokens]
 	}
 	for _, t := range h.rejected {
 		pts[(t-h.start)/w].Rejected++
 	}
 	return pts
 }
+
+// charge is what an admission at t (Unix nanoseconds) was charged, by
+// Dimension; its output tokens less what was given back.
+type charge struct {
+	t    int64
+	cost [numDims]int64
+}
+
+// Stats.RejectedBy has an entry for every Dimension.
+var _ [numDims]int64 = Stats{}.RejectedBy
