@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
@@ -52,6 +53,105 @@ type Reservation struct {
 	Epoch uint64
 }
 
+// moveUp is a bucket that tells how long until cost could be taken from
+// key if it were reserved now, behind every reservation so far, changing
+// nothing (the end of the queue), and signals the refunds made to a key
+// through it.
+type moveUp interface {
+	earliest(ctx context.Context, key string, cost Cost) (time.Duration, error)
+	refunds() *refunds
+}
+
+// minMoveUp is the least wait that may move up.
+const minMoveUp = 250 * time.Millisecond
+
+// sleepMovingUp sleeps for delay, a reservation's, or less if a refund to
+// key through b moves the slot up (see WaitMax).
+func sleepMovingUp(ctx context.Context, b Bucket, key string, cost Cost, delay time.Duration) error {
+	m, ok := b.(moveUp)
+	if !ok || delay < minMoveUp {
+		return wait.Sleep(ctx, delay)
+	}
+	rs := m.refunds()
+	slot := time.Now().Add(delay)
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	for {
+		refunded, unwatch := rs.watch(key)
+		select {
+		case <-ctx.Done():
+			unwatch()
+			return ctx.Err()
+		case <-t.C:
+			unwatch()
+			return nil
+		case <-refunded:
+		}
+		if time.Until(slot) < minMoveUp {
+			continue // not worth a call: the next refund is watched for, and the timer
+		}
+		if end, err := m.earliest(ctx, key, cost); err == nil {
+			if at := time.Now().Add(end); at.Before(slot) {
+				slot = at
+				t.Reset(time.Until(at))
+			}
+		}
+	}
+}
+
+// refunds signals the refunds made to each key to the waiters that watch
+// it: a channel per key, closed at the next refund; none for a key that
+// nobody watches.
+type refunds struct {
+	mu sync.Mutex
+	m  map[string]*refundWatch
+}
+
+type refundWatch struct {
+	ch chan struct{}
+	n  int // waiters watching ch
+}
+
+// watch returns a channel closed at key's next refund, and the function
+// to call if the caller stops watching before.
+func (r *refunds) watch(key string) (<-chan struct{}, func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = make(map[string]*refundWatch)
+	}
+	w := r.m[key]
+	if w == nil {
+		w = &refundWatch{ch: make(chan struct{})}
+		r.m[key] = w
+	}
+	w.n++
+	return w.ch, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if w.n--; w.n == 0 && r.m[key] == w {
+			delete(r.m, key)
+		}
+	}
+}
+
+// fire wakes key's watchers, if delta refunds anything.
+func (r *refunds) fire(key string, delta Cost) {
+	refund := false
+	for _, v := range delta {
+		refund = refund || v < 0
+	}
+	if !refund {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w := r.m[key]; w != nil {
+		close(w.ch)
+		delete(r.m, key)
+	}
+}
+
 // Unlimited is the maxWait that accepts any delay.
 const Unlimited = time.Duration(math.MaxInt64)
 
@@ -68,6 +168,17 @@ func Wait(ctx context.Context, b Bucket, key string, cost Cost) (Reservation, er
 // a *WaitError (errors.Is ErrDeadline) and takes nothing. If ctx is done
 // while waiting, the cost is refunded and ctx's error returned. Nobody polls:
 // concurrent waiters get successive slots and wake one after another.
+//
+// A slot a quarter of a second off or more may move up: a refund (a call
+// that used less than it reserved, such as an LLM call's unused
+// max_tokens) gives back capacity that the slots reserved before it did
+// not count on. When this process refunds the key through a token bucket
+// (Redis, Local, or a Route of them), each of its waiters on the key whose
+// slot is that far off asks the bucket once, with one read, where the end
+// of the queue now is, and moves its slot up to it if that is sooner: it is
+// as if it had reserved anew behind every reservation made so far. Before,
+// with every goroutine asleep until its slot, what refunds gave back went
+// unused until then.
 func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	if err := ctx.Err(); err != nil {
 		return Reservation{}, err
@@ -87,7 +198,7 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 	if !r.OK {
 		return r, &WaitError{RetryAfter: r.RetryAfter, MaxWait: maxWait}
 	}
-	if r.Delay <= 0 || wait.Sleep(ctx, r.Delay) == nil {
+	if r.Delay <= 0 || sleepMovingUp(ctx, b, key, cost, r.Delay) == nil {
 		return r, nil
 	}
 	// The slot is ours but will not be used: give it back so the next

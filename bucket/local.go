@@ -22,6 +22,7 @@ type Local struct {
 	start    func(key string) time.Time // nil: keys start full; else empty, not before start(key) (a share)
 	maxDebit []float64                  // the most one Adjust debits, by dimension
 	m        *meters                    // nil: no metrics
+	waiting  refunds                    // of its waiters (WaitMax)
 
 	mu      sync.Mutex
 	keys    map[string]*localKey
@@ -135,6 +136,31 @@ func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservati
 	return Reservation{OK: true, Delay: w, Epoch: k.epoch}, nil
 }
 
+func (l *Local) refunds() *refunds { return &l.waiting }
+
+// earliest implements moveUp.
+func (l *Local) earliest(_ context.Context, key string, cost Cost) (time.Duration, error) {
+	if key == "" {
+		return 0, ErrInvalidKey
+	}
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.advance(key, now, nil)
+	f := l.fraction(k, now)
+	var secs float64 // after k.last
+	for i, d := range l.dims {
+		if cost[d.of] == 0 {
+			continue
+		}
+		secs = max(secs, -k.tokens[i]/l.rate(k, i, f))
+		if pt, pr, _, ok := k.prov(i); ok {
+			secs = max(secs, -pt/pr)
+		}
+	}
+	return wait.Add(wait.Seconds(secs), max(k.last.Sub(now), 0)), nil
+}
+
 // Adjust implements Bucket.
 func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 	if key == "" {
@@ -146,6 +172,7 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 		}
 	}
 	l.m.adjusted(key, delta)
+	defer l.waiting.fire(key, delta) // after the refund, once l.mu is released
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -43,8 +43,11 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r.adapt = newAdaptation(r.policy, r.dims)
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	r.meter(r.gauges)
+	r.waiting = &refunds{}
 	return r
 }
+
+func (r *Redis) refunds() *refunds { return r.waiting }
 
 // tokenParam is the scripts' number for a token bucket's dimension: its
 // rate, negated for a window (WithWindow), which the law does not scale.
@@ -64,6 +67,23 @@ func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time
 // Adjust implements Bucket with one call to Redis.
 func (r *Redis) Adjust(ctx context.Context, key string, delta Cost) error {
 	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0], r.span, r.flags())
+}
+
+// earliest implements moveUp with one call to Redis.
+func (r *Redis) earliest(ctx context.Context, key string, cost Cost) (time.Duration, error) {
+	keys, args, err := r.prepare(key, cost, true, false, smallAmounts[0], r.span, r.flags())
+	if err != nil || len(keys) == 0 {
+		return 0, err
+	}
+	cmd := r.run(ctx, queueScript, keys, args...)
+	w, err := cmd.Int64()
+	if err != nil {
+		return 0, err
+	}
+	if w < 0 || w > int64(Unlimited/time.Microsecond) {
+		return 0, fmt.Errorf("bucket: redis queue: unexpected reply %d", w)
+	}
+	return micros(w), nil
 }
 
 // flags are the law's flags, with a cold start for keys that Redis does

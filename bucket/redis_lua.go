@@ -275,6 +275,25 @@ end
 return 1
 `)
 
+// queueScript returns, in microseconds, how long from now until the
+// amounts (ignored) of each dimension key could be taken if they were
+// reserved now behind every reservation made so far: the end of the
+// queue, the pause and the provider's bucket counted, changing nothing.
+// ARGV[1] is unused.
+var queueScript = newScript(luaCommon + `
+local f = fraction(span, law)
+local wait = 0
+for i = 1, #KEYS - 1 do
+  local rate, burst, tk, at, _, _, pr, _, pt = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local w = at - now + deficit(tk, rate)
+  if pt then
+    w = math.max(w, at - now + deficit(pt, pr))
+  end
+  wait = math.max(wait, w)
+end
+return wait
+`)
+
 // tokensScript returns each dimension key's tokens now (as of the end of a
 // pause), then each one's rate, as strings, changing nothing. ARGV[1] and
 // the amounts are unused.

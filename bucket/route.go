@@ -17,6 +17,7 @@ type Routed struct {
 	class   func(key string) string
 	buckets map[string]Bucket
 	def     Bucket
+	waiting refunds // of its waiters (WaitMax)
 }
 
 var _ Bucket = (*Routed)(nil)
@@ -55,6 +56,17 @@ func (r *Routed) For(key string) Bucket {
 	return r.def
 }
 
+// earliest implements moveUp on key's bucket, if it can.
+func (r *Routed) earliest(ctx context.Context, key string, cost Cost) (time.Duration, error) {
+	if m, ok := r.For(key).(moveUp); ok {
+		return m.earliest(ctx, key, cost)
+	}
+	return Unlimited, nil
+}
+
+// refunds implements moveUp: the refunds made through the Routed bucket.
+func (r *Routed) refunds() *refunds { return &r.waiting }
+
 // Reserve implements Bucket on key's bucket.
 func (r *Routed) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	return r.For(key).Reserve(ctx, key, cost, maxWait)
@@ -62,7 +74,11 @@ func (r *Routed) Reserve(ctx context.Context, key string, cost Cost, maxWait tim
 
 // Adjust implements Bucket on key's bucket.
 func (r *Routed) Adjust(ctx context.Context, key string, delta Cost) error {
-	return r.For(key).Adjust(ctx, key, delta)
+	err := r.For(key).Adjust(ctx, key, delta)
+	if err == nil {
+		r.waiting.fire(key, delta)
+	}
+	return err
 }
 
 // Observe implements Bucket on key's bucket.

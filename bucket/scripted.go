@@ -30,7 +30,8 @@ type scripted struct {
 	// adjust script, whole.
 	debit   func(ctx context.Context, key string, c Cost) error
 	metrics metricsConfig
-	m       *meters // nil: no metrics
+	m       *meters  // nil: no metrics
+	waiting *refunds // of the token bucket's waiters (WaitMax)
 }
 
 func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit Limit, opts []Option, suffix string, param func(dim) any) scripted {
@@ -199,6 +200,9 @@ func (s *scripted) adjust(ctx context.Context, script *script, key string, delta
 	err := s.adjustWith(ctx, script, key, delta, false, head...)
 	if err == nil {
 		s.m.adjusted(key, delta)
+		if s.waiting != nil {
+			s.waiting.fire(key, delta)
+		}
 	}
 	return err
 }

@@ -228,3 +228,42 @@ func TestLocalForgetsIdleKeys(t *testing.T) {
 	}
 	assert.Less(t, b.Len(), 2048, "idle full keys are forgotten")
 }
+
+// TestRefundMovesSlotsUp: a refund gives back capacity that the slots
+// reserved before it did not count on; a waiter whose slot is far enough
+// off moves up to the end of the queue, with one read, and not before the
+// capacity is there. Before, it slept to its slot, and the capacity went
+// unused meanwhile.
+func TestRefundMovesSlotsUp(t *testing.T) {
+	for name, b := range map[string]bucket.Bucket{
+		"local": bucket.NewLocal(bucket.PerSecond(10)),
+		"redis": bucket.NewRedis(redistest.Client(t), bucket.PerSecond(10), bucket.WithFailClosed()),
+		"route": bucket.Route(func(string) string { return "x" }, map[string]bucket.Bucket{"x": bucket.NewLocal(bucket.PerSecond(10))}, bucket.NewLocal(bucket.PerSecond(1))),
+	} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			key := uniqueKey(t)
+			start := time.Now()
+			r, err := b.Reserve(ctx, key, bucket.N(10), 0) // empty
+			require.NoError(t, err)
+			require.True(t, r.OK)
+			woke := make([]time.Duration, 2)
+			var wg sync.WaitGroup
+			for i, n := range []float64{5, 5} { // slots at 0.5 s and 1 s
+				wg.Go(func() {
+					_, err := bucket.WaitMax(ctx, b, key, bucket.N(n), time.Minute)
+					assert.NoError(t, err)
+					woke[i] = time.Since(start)
+				})
+				time.Sleep(20 * time.Millisecond) // in this order
+			}
+			time.Sleep(100 * time.Millisecond)
+			require.NoError(t, b.Adjust(ctx, key, bucket.N(-5))) // the first call used none of its 10
+			wg.Wait()
+			t.Logf("woke at %v and %v", woke[0], woke[1])
+			assert.InDelta(t, 0.5, woke[0].Seconds(), 0.1, "the first at its slot")
+			assert.InDelta(t, 0.5, woke[1].Seconds(), 0.1, "the second moved up from 1 s to the end of the queue")
+			assert.GreaterOrEqual(t, woke[1], 480*time.Millisecond, "not before the capacity is there")
+		})
+	}
+}

@@ -1,7 +1,8 @@
 // Openai shows the official OpenAI Go client (github.com/openai/openai-go)
 // throttled by sluice: every call waits on a bucket of requests and tokens
 // per minute, is charged an estimate of its tokens before it is sent, and
-// has that charge reconciled with the usage the response reports.
+// has that charge reconciled with the usage the response reports, as
+// OpenAI counts a call: its prompt and its max_tokens.
 //
 // It makes one completion and one streamed completion, and prints for each
 // the reply, the usage, and what the bucket was charged and reconciled:
@@ -9,14 +10,16 @@
 //	sluice + openai-go against http://127.0.0.1:39731/v1 (in-process fake API)
 //	completion: Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do
 //	  usage: 10 prompt + 16 completion = 26 tokens
-//	  bucket: charged 1 request and 75 tokens, reconciled -49 tokens: 26 tokens spent
+//	  bucket: charged 1 request and 75 tokens, reconciled -1 tokens: 74 tokens spent
 //	stream: Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do
 //	  usage: 10 prompt + 16 completion = 26 tokens
-//	  bucket: charged 1 request and 75 tokens, reconciled -49 tokens: 26 tokens spent
+//	  bucket: charged 1 request and 75 tokens, reconciled -1 tokens: 74 tokens spent
 //
 // The charge is an estimate made from the request (llmclient.RequestCost):
 // the prompt's characters / 4, 4 tokens per message, and -max-tokens. The
-// reconciliation brings it to the usage the API counted.
+// reconciliation brings the prompt's part to the prompt tokens the API
+// reported (llmclient.MeterOpenAIUsage): OpenAI counts the max_tokens
+// against the limit whatever the completion uses, and so does the fake.
 //
 // With no -base-url it serves a fake OpenAI-compatible API in-process
 // (llmtest), so it needs no setup and no API key. With -base-url
@@ -140,7 +143,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	where := c.baseURL
 	if c.baseURL == "" {
-		api := llmtest.NewServer(llmtest.Config{})
+		api := llmtest.NewServer(llmtest.Config{ChargeCap: true})
 		defer api.Close()
 		c.baseURL, where = api.URL, api.URL+" (in-process fake API)"
 		if c.apiKey == "" {

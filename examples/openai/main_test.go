@@ -20,8 +20,9 @@ var (
 )
 
 // checkOutput checks that both calls printed their usage and that the
-// bucket reconciled each charge to it, and returns the tokens spent.
-func checkOutput(t *testing.T, out string) int {
+// bucket reconciled each charge to the prompt's tokens and maxTokens, as
+// OpenAI counts, and returns the tokens spent.
+func checkOutput(t *testing.T, out string, maxTokens int) int {
 	t.Helper()
 	usages, buckets := usageLine.FindAllStringSubmatch(out, -1), bucketLine.FindAllStringSubmatch(out, -1)
 	require.Len(t, usages, 2, out)
@@ -32,9 +33,10 @@ func checkOutput(t *testing.T, out string) int {
 	for i := range 2 {
 		used, charged, adjusted, spent := atoi(t, usages[i][3]), atoi(t, buckets[i][1]), atoi(t, buckets[i][2]), atoi(t, buckets[i][3])
 		assert.Equal(t, atoi(t, usages[i][1])+atoi(t, usages[i][2]), used)
-		assert.Equal(t, used, charged+adjusted, "reconciled to the usage")
-		assert.Equal(t, used, spent)
-		total += used
+		counted := atoi(t, usages[i][1]) + maxTokens
+		assert.Equal(t, counted, charged+adjusted, "reconciled to the prompt and the cap")
+		assert.Equal(t, counted, spent)
+		total += spent
 	}
 	return total
 }
@@ -45,21 +47,21 @@ func TestRun(t *testing.T) {
 		require.NoError(t, run(t.Context(), nil, &stdout, &stderr))
 		assert.Empty(t, stderr.String())
 		assert.Contains(t, stdout.String(), "(in-process fake API)")
-		checkOutput(t, stdout.String())
+		checkOutput(t, stdout.String(), 64)
 	})
 	t.Run("base URL", func(t *testing.T) {
-		api := llmtest.NewServer(llmtest.Config{ReplyTokens: 5})
+		api := llmtest.NewServer(llmtest.Config{ReplyTokens: 5, ChargeCap: true})
 		defer api.Close()
 		var stdout bytes.Buffer
 		err := run(t.Context(), []string{"-base-url", api.URL, "-api-key", "sk-test", "-prompt", "Hi", "-max-tokens", "100"},
 			&stdout, io.Discard)
 		require.NoError(t, err)
-		spent := checkOutput(t, stdout.String())
+		spent := checkOutput(t, stdout.String(), 100)
 		assert.Contains(t, stdout.String(), "usage: 4 prompt + 5 completion = 9 tokens")
-		assert.Contains(t, stdout.String(), "charged 1 request and 105 tokens, reconciled -96 tokens")
+		assert.Contains(t, stdout.String(), "charged 1 request and 105 tokens, reconciled -1 tokens: 104 tokens spent")
 		st := api.Stats()
 		assert.EqualValues(t, 2, st.Accepted)
-		assert.EqualValues(t, st.TotalTokens, spent, "what the bucket kept is what the API counted")
+		assert.EqualValues(t, st.ChargedTokens, spent, "what the bucket kept is what the API counted")
 	})
 	t.Run("help keeps the API key out", func(t *testing.T) {
 		t.Setenv("OPENAI_API_KEY", "sk-from-env")
