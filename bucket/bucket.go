@@ -141,9 +141,22 @@ func (r *refunds) fire(key string, delta Cost) {
 	for _, v := range delta {
 		refund = refund || v < 0
 	}
-	if !refund {
-		return
+	if refund {
+		r.wake(key)
 	}
+}
+
+// accepted wakes key's watchers when fb tells of a response that was no
+// refusal: the fleet's refunds may have moved the queue's end up since
+// the last event here.
+func (r *refunds) accepted(key string, fb adaptive.Feedback) {
+	if fb.Class == adaptive.Accepted {
+		r.wake(key)
+	}
+}
+
+// wake wakes key's watchers.
+func (r *refunds) wake(key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if w := r.m[key]; w != nil {
@@ -173,10 +186,12 @@ func Wait(ctx context.Context, b Bucket, key string, cost Cost) (Reservation, er
 // that used less than it reserved, such as an LLM call's unused
 // max_tokens) gives back capacity that the slots reserved before it did
 // not count on. When this process refunds the key through a token bucket
-// (Redis, Local, or a Route of them), each of its waiters on the key whose
-// slot is that far off asks the bucket once, with one read, where the end
-// of the queue now is, and moves its slot up to it if that is sooner: it is
-// as if it had reserved anew behind every reservation made so far. Before,
+// (Redis, Local, or a Route of them), or tells it of a response that was
+// no refusal (Observe: the fleet's refunds may have come since), each of
+// its waiters on the key whose slot is that far off asks the bucket once,
+// with one read, where the end of the queue now is, and moves its slot up
+// to it if that is sooner: it is as if it had reserved anew behind every
+// reservation made so far. Before,
 // with every goroutine asleep until its slot, what refunds gave back went
 // unused until then.
 func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.Duration) (Reservation, error) {

@@ -203,6 +203,7 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 	}
 	decreased, paused := l.observe(key, fb)
 	l.m.observed(key, decreased, paused)
+	l.waiting.accepted(key, fb)
 	return nil
 }
 

@@ -154,5 +154,6 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		return fmt.Errorf("bucket: redis observe: %w", err)
 	}
 	r.m.observed(key, changed&1 != 0, changed&2 != 0)
+	r.waiting.accepted(key, fb)
 	return nil
 }

@@ -83,5 +83,9 @@ func (r *Routed) Adjust(ctx context.Context, key string, delta Cost) error {
 
 // Observe implements Bucket on key's bucket.
 func (r *Routed) Observe(ctx context.Context, key string, fb adaptive.Feedback) error {
-	return r.For(key).Observe(ctx, key, fb)
+	err := r.For(key).Observe(ctx, key, fb)
+	if err == nil {
+		r.waiting.accepted(key, fb)
+	}
+	return err
 }
