@@ -89,3 +89,27 @@ func TestAgreeingLimits(t *testing.T) {
 	assert.Equal(t, cr.HGet("sluice:{k}:requests", "crx"), cr.HGet("sluice:{k}:requests", "cbx"))
 	assert.Equal(t, "1796040001123456", cr.HGet("sluice:{k}:requests", "crx"), "written by the first call only")
 }
+
+// A refund that fills the key again must not drop the lower limit's pin:
+// adjust deleted a full hash, pin and all, and the next process with a
+// higher limit found the key full at its own burst.
+func TestPinSurvivesRefundToFull(t *testing.T) {
+	cr := newClockedRedis(t, epoch)
+	ctx := context.Background()
+	low := bucket.NewRedis(cr.rdb, bucket.Limit{Rate: 1, Burst: 10})
+	high := bucket.NewRedis(cr.rdb, bucket.Limit{Rate: 10, Burst: 100})
+	r, err := low.Reserve(ctx, "k", bucket.N(1), 0)
+	require.NoError(t, err)
+	require.True(t, r.OK)
+	require.NoError(t, low.Adjust(ctx, "k", bucket.N(-1)), "a cancelled call's refund")
+	r, err = high.Reserve(ctx, "k", bucket.N(100), 0)
+	require.NoError(t, err)
+	assert.False(t, r.OK, "the low process used the key within its hold: a burst of 10 holds for all")
+	got := 0
+	for range 100 {
+		if r, err := high.Reserve(ctx, "k", bucket.N(1), 0); err == nil && r.OK {
+			got++
+		}
+	}
+	assert.Equal(t, 10, got)
+}

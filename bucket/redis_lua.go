@@ -60,6 +60,7 @@ local span, law = tonumber(ARGV[2]), tonumber(ARGV[3]) % 2
 local cold = tonumber(ARGV[3]) >= 2
 local pausedTo = now -- the latest a dimension's ts may be (see above)
 local held = false -- a dimension is held below this process's limit (see pinned)
+local pinLive = false -- a dimension read has a pin that holds (see pinned)
 
 -- pinned returns the rate and burst a dimension has: this process's own,
 -- or lower ones that another process of the fleet has used within a hold
@@ -75,6 +76,7 @@ local function pinned(s, rate, burst)
     local u = math.floor(own * 1e6 + 0.5)
     v, vx = tonumber(v), tonumber(vx)
     if v and vx and vx > now then
+      pinLive = true
       if u > v then
         held = true
         return v / 1e6
@@ -266,10 +268,10 @@ for i = 1, #KEYS - 1 do
   if at > now then
     tk = math.min(tk, 0) -- paused: empty at its end, or refunds would go out at once
   end
-  if tk < burst or at > now or learnt or held then
+  if tk < burst or at > now or learnt or held or pinLive then
     store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
   else
-    redis.call('DEL', key)
+    redis.call('DEL', key) -- kept while pinned: it would lose the pin
   end
 end
 return 1
