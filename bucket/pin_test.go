@@ -113,3 +113,32 @@ func TestPinSurvivesRefundToFull(t *testing.T) {
 	}
 	assert.Equal(t, 10, got)
 }
+
+// A process that only gets refusals uses the key as much as one that is
+// admitted: its lower limit must take hold. Before, a refusal wrote
+// nothing, so a higher-limited process that kept the key empty kept its
+// own rate for ever and starved the lower one.
+func TestPinOfARefusedProcess(t *testing.T) {
+	cr := newClockedRedis(t, epoch)
+	ctx := context.Background()
+	low := bucket.NewRedis(cr.rdb, bucket.Limit{Rate: 1, Burst: 10})
+	high := bucket.NewRedis(cr.rdb, bucket.Limit{Rate: 10, Burst: 100})
+	take := func(b bucket.Bucket, n int) int {
+		got := 0
+		for range n {
+			if r, err := b.Reserve(ctx, "k", bucket.N(1), 0); err == nil && r.OK {
+				got++
+			}
+		}
+		return got
+	}
+	require.Equal(t, 100, take(high, 200))
+	assert.Equal(t, 0, take(low, 1), "the key is empty")
+	highGot := 0
+	for range 10 {
+		cr.clock.Advance(time.Second)
+		highGot += take(high, 20)
+		take(low, 1)
+	}
+	assert.LessOrEqual(t, highGot, 10+1, "held to the low process's 1/s once it asked")
+}

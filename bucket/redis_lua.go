@@ -240,6 +240,18 @@ for i = 1, #KEYS - 1 do
 end
 if wait > tonumber(ARGV[1]) then
   wait = -wait
+  -- A process refused uses the key's limit too: its pin is written, or a
+  -- fleet that keeps the key empty at a higher limit would keep it.
+  for i, s in ipairs(st) do
+    local pin = s[10]
+    if pin then
+      redis.call('HSET', KEYS[i+1], unpack(pin))
+      if s[3] < pin[4] then
+        redis.call('HSET', KEYS[i+1], 'x', pin[4])
+        redis.call('PEXPIREAT', KEYS[i+1], math.ceil(pin[4] / 1000))
+      end
+    end
+  end
 else
   for i, s in ipairs(st) do
     store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10])
