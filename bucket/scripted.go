@@ -69,7 +69,8 @@ func (s *scripted) dimKey(base, dim string) string {
 // prepare builds the KEYS and ARGV of a script for the dimensions cost
 // charges: ARGV is head, then param, burst and amount for each key. With
 // reserve, amounts are checked against the limits; else a debit is cut to a
-// burst, unless whole.
+// burst, unless whole: a share's debt, which names each window's amount
+// (share.take), where other costs give a window its dimension's.
 func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...any) ([]string, []any, error) {
 	if key == "" {
 		return nil, nil, ErrInvalidKey
@@ -80,6 +81,9 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 	for i := range s.dims {
 		d := &s.dims[i]
 		v, ok := cost[d.of]
+		if whole && d.window() {
+			v, ok = cost[d.name] // a share's debt says each window's (share.take)
+		}
 		if !ok || v == 0 {
 			continue
 		}

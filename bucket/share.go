@@ -232,14 +232,18 @@ func (s *share) adjust(ctx context.Context, key string, delta Cost, owe bool) er
 	return nil
 }
 
-// owe adds c to what key owes, never below zero.
+// owe adds c to what key owes, never below zero: to each window its
+// dimension's amount, or its own if c names it (a debt owed again).
 func (s *share) owe(key string, c Cost) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o := s.owed[key]
 	for _, d := range s.local.dims {
 		v, ok := c[d.name]
-		if !ok || d.window() { // owed once, in its dimension: a debit takes it from every window
+		if d.window() && !ok {
+			v, ok = c[d.of] // a call's cost, which a window takes in full
+		}
+		if !ok {
 			continue
 		}
 		if o == nil {
@@ -255,7 +259,7 @@ func (s *share) owe(key string, c Cost) {
 
 // take returns what key owes Redis now, if anything, and forgets it: of
 // what the share admitted, the slots still to come (its debt), and at most
-// a burst of what has come due.
+// a burst of what has come due; by dimension and window (see prepare).
 func (s *share) take(key string) Cost {
 	s.mu.Lock()
 	o, ok := s.owed[key]
@@ -272,9 +276,8 @@ func (s *share) take(key string) Cost {
 	}
 	var c Cost
 	for _, d := range s.local.dims {
-		if d.window() {
-			continue // see owe
-		}
+		// A window's burst bounds what has come due of it: it has barely
+		// refilled meanwhile.
 		debt := max(-tokens[d.name], 0) + max(-prev[d.name], 0)
 		if v := min(debt, o[d.name]) + min(max(o[d.name]-debt, 0), d.limit.Burst); v > 0 {
 			if c == nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 const day = "requests/24h0m0s"
@@ -113,4 +114,41 @@ func TestWindowMisconfigured(t *testing.T) {
 		bucket.NewLocal(bucket.PerSecond(1), bucket.WithWindow(bucket.Requests, bucket.PerDay(10)), bucket.WithWindow(bucket.Requests, bucket.PerDay(20)))
 	}, "two windows of a day")
 	assert.Panics(t, func() { bucket.NewLocal(bucket.PerSecond(1), bucket.WithWindow(bucket.Requests, bucket.Limit{})) })
+}
+
+// TestWindowSettlesAnOutage: what a share admitted in an outage is debited
+// from the day once Redis serves again, all of it. The settlement owed the
+// dimension what the share still queued plus at most the minute's burst of
+// what had come due (which the minute, but not the day, refilled
+// meanwhile), and the day forgot the rest: 300 calls in a five-minute
+// outage cost it 60.
+func TestWindowSettlesAnOutage(t *testing.T) {
+	srv := redistest.Own(t)
+	clk := &fakeClock{t: time.Now()}
+	b := bucket.NewRedis(fastClient(t, srv.Addr), bucket.PerMinute(60),
+		bucket.WithWindow(bucket.Requests, bucket.PerDay(1000)), bucket.WithClock(clk), quickBreaker)
+	ctx := t.Context()
+	_, err := b.Reserve(ctx, "warm", bucket.N(1), 0)
+	require.NoError(t, err)
+	srv.Stop()
+	r, err := b.Reserve(ctx, "k", bucket.N(1), 0) // opens the share, empty
+	require.NoError(t, err)
+	require.False(t, r.OK)
+	admitted := 0
+	for range 5 {
+		clk.Advance(time.Minute) // the share refills its minute
+		for range 100 {
+			if r, err := b.Reserve(ctx, "k", bucket.N(1), 0); err == nil && r.OK {
+				admitted++
+			}
+		}
+	}
+	require.Equal(t, 300, admitted, "the share's minute, five times")
+	redisBack(t, srv, b)                         // a restart: Redis lost the day, which the settlement must bring back
+	r, err = b.Reserve(ctx, "k", bucket.N(1), 0) // settles
+	require.NoError(t, err)
+	require.True(t, r.OK)
+	tk, err := b.Tokens(ctx, "k")
+	require.NoError(t, err)
+	assert.InDelta(t, 1000-300-1, tk[day], 1, "the outage's calls, and this one")
 }
