@@ -184,7 +184,7 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 		if _, _, pb, ok := k.prov(i); ok {
 			k.provider[i] = min(k.provider[i]-debit, pb)
 		}
-		if k.last.After(now) {
+		if k.last.After(now) && !d.window() { // a window is not paused (see Observe)
 			// Paused: the bucket stays empty at the pause's end, or what a
 			// refund gave back would go out all at once then.
 			k.tokens[i] = min(k.tokens[i], 0)

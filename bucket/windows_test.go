@@ -152,3 +152,24 @@ func TestWindowSettlesAnOutage(t *testing.T) {
 	require.NoError(t, err)
 	assert.InDelta(t, 1000-300-1, tk[day], 1, "the outage's calls, and this one")
 }
+
+// TestWindowKeptThroughAnAdjustInAPause: an Adjust while the key is paused
+// leaves a window as it was: the Local backend (and so a share in an
+// outage) emptied every window, as it empties the paused dimension, and a
+// refund of a few tokens cost the day its allowance.
+func TestWindowKeptThroughAnAdjustInAPause(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := context.Background()
+			key := "pause-adjust-" + be.name
+			b := be.new(t, bucket.PerMinute(60), bucket.WithWindow(bucket.Requests, bucket.PerDay(100)))
+			r, err := b.Reserve(ctx, key, bucket.N(10), 0)
+			require.NoError(t, err)
+			require.True(t, r.OK)
+			require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: 10 * time.Second}))
+			require.NoError(t, b.Adjust(ctx, key, bucket.N(-1)))
+			be.advance(10 * time.Second)
+			assert.InDelta(t, 91, be.tokens(t, key)[day], 0.1, "the day's 90, the refund, and 10 s of its refill")
+		})
+	}
+}
