@@ -26,8 +26,10 @@ var _ Bucket = (*Routed)(nil)
 // def if buckets has no such class. Give the Redis buckets of a plan the
 // same Redis and prefix: a key's state is the same whichever process
 // charges it, as long as every process routes it to the same limits (see
-// NewRedis on processes whose limits differ). It panics if class or def is
-// nil, or a bucket is.
+// NewRedis on processes whose limits differ). Buckets that record through
+// one MeterProvider need WithMetricAttributes of their own (the class, say):
+// the gauges of buckets with the same attributes overwrite one another. It
+// panics if class or def is nil, or a bucket is.
 //
 //	b := bucket.Route(llmclient.KeyModel, map[string]bucket.Bucket{
 //		"gpt-4.1":      bucket.NewRedis(rdb, bucket.PerMinute(500), bucket.WithLimit(bucket.Tokens, bucket.PerMinute(30_000)),
