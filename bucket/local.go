@@ -19,10 +19,11 @@ type Local struct {
 	dims     []dim
 	clock    Clock
 	adapt    adaptation
-	start    func(key string) time.Time // nil: keys start full; else empty, not before start(key) (a share)
-	maxDebit []float64                  // the most one Adjust debits, by dimension
-	m        *meters                    // nil: no metrics
-	waiting  refunds                    // of its waiters (WaitMax)
+	start    func(key string) time.Time    // nil: keys start full; else empty, not before start(key) (a share)
+	windows  func(key string) (Cost, bool) // nil: windows start full; else as it says, if it knows key (a share: the last share's)
+	maxDebit []float64                     // the most one Adjust debits, by dimension
+	m        *meters                       // nil: no metrics
+	waiting  refunds                       // of its waiters (WaitMax)
 
 	mu      sync.Mutex
 	keys    map[string]*localKey
@@ -400,6 +401,24 @@ func (l *Local) queueEnd(key string) time.Time {
 	return end
 }
 
+// windowTokens returns key's windows' tokens now, if l has key.
+func (l *Local) windowTokens(key string) (Cost, bool) {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.keys[key]; !ok {
+		return nil, false
+	}
+	k := l.advance(key, now, nil)
+	c := make(Cost)
+	for i, d := range l.dims {
+		if d.window() {
+			c[d.name] = k.tokens[i]
+		}
+	}
+	return c, true
+}
+
 // Tokens returns what Redis.Tokens does, from this process's memory.
 func (l *Local) Tokens(key string) Cost {
 	now := l.clock.Now()
@@ -433,8 +452,15 @@ func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 			switch {
 			case d.window():
 				// Full, in a share too: empty, it would hold the fleet to
-				// its refill, a day's for a daily window.
+				// its refill, a day's for a daily window. But a share
+				// after another takes up the last one's: a flapping Redis
+				// must not hand out a day each time.
 				k.tokens[i] = d.limit.Burst
+				if l.windows != nil {
+					if c, ok := l.windows(key); ok {
+						k.tokens[i] = min(k.tokens[i], c[d.name])
+					}
+				}
 			case l.start != nil:
 				k.tokens[i] = 0
 			case l.adapt.policy.ColdStart:

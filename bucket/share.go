@@ -49,7 +49,7 @@ func (f *failover) fallback(err error) *share {
 	if old != nil {
 		ol := old.local
 		ol.mu.Lock()
-		ol.start = f.slotOf
+		ol.start, ol.windows = f.slotOf, nil
 		ol.mu.Unlock()
 		start = func(key string) time.Time {
 			t := f.slotOf(key)
@@ -156,7 +156,8 @@ type share struct {
 // newShare returns the share of a bucket with dims for one of n members: a
 // Local bucket reading clk, adapting by policy, whose keys start empty, not
 // before start(key), and whose debits go up to the bucket's bursts (a
-// share's debt is the bucket's); owing what old did not settle. A share is
+// share's debt is the bucket's); owing what old did not settle, and
+// starting each key's windows where old left them. A share is
 // never smaller than a Limit can be: with more members than that allows,
 // each takes the least.
 func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func(string) time.Time, old *share) *share {
@@ -173,6 +174,7 @@ func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func
 	s := &share{members: n, local: newLocal(parts, clk, policy, start, bursts), owed: map[string]Cost{}}
 	if old != nil {
 		s.prev = old.local
+		s.local.windows = old.local.windowTokens // where the last share left them
 		old.mu.Lock()
 		maps.Copy(s.owed, old.owed)
 		old.mu.Unlock()

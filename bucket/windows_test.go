@@ -173,3 +173,33 @@ func TestWindowKeptThroughAnAdjustInAPause(t *testing.T) {
 		})
 	}
 }
+
+// TestWindowNotRefilledByAFlappingRedis: each outage's share starts the
+// key's windows where the last share left them, not full again: a Redis
+// that flapped handed a fresh day to every share, and three outages took
+// three days' calls.
+func TestWindowNotRefilledByAFlappingRedis(t *testing.T) {
+	srv := redistest.Own(t)
+	clk := &fakeClock{t: time.Now()}
+	b := bucket.NewRedis(fastClient(t, srv.Addr), bucket.PerMinute(60),
+		bucket.WithWindow(bucket.Requests, bucket.PerDay(50)), bucket.WithClock(clk), quickBreaker)
+	ctx := t.Context()
+	_, err := b.Reserve(ctx, "warm", bucket.N(1), 0)
+	require.NoError(t, err)
+	admitted := 0
+	for outage := range 3 {
+		if outage > 0 {
+			redisBack(t, srv, b)
+		}
+		srv.Stop()
+		_, err := b.Reserve(ctx, "k", bucket.N(1), 0) // opens the share
+		require.NoError(t, err)
+		clk.Advance(time.Minute) // the share refills its minute
+		for range 100 {
+			if r, err := b.Reserve(ctx, "k", bucket.N(1), 0); err == nil && r.OK {
+				admitted++
+			}
+		}
+	}
+	assert.LessOrEqual(t, admitted, 51, "one day's share, and what it refilled")
+}
