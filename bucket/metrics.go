@@ -134,6 +134,11 @@ type labelled struct {
 	decision [numDecisions][numServers]metric.MeasurementOption
 	dim      []metric.MeasurementOption // by dimension
 	last     atomic.Pointer[string]
+	// The hot path's options as the slices the instruments take, so that
+	// a call passes them without a slice of its own.
+	decided [numDecisions][numServers][]metric.AddOption
+	charged [][]metric.AddOption // by dimension
+	waited  []metric.RecordOption
 }
 
 // metricsConfig is what the options say about metrics.
@@ -253,6 +258,16 @@ func (m *meters) newLabelled(label string, keyed bool) *labelled {
 	for i, d := range m.dims {
 		l.dim[i] = m.with(append(extra[:len(extra):len(extra)], attribute.String(attrDimension, d.name))...)
 	}
+	for d := range numDecisions {
+		for s := range numServers {
+			l.decided[d][s] = []metric.AddOption{l.decision[d][s]}
+		}
+	}
+	l.charged = make([][]metric.AddOption, len(l.dim))
+	for i, o := range l.dim {
+		l.charged[i] = []metric.AddOption{o}
+	}
+	l.waited = []metric.RecordOption{l.base}
 	// The counters start at zero, so that a rate of them is one from the
 	// start.
 	ctx := context.Background()
@@ -293,7 +308,8 @@ func (m *meters) of(key string) *labelled {
 		m.mu.Unlock()
 	}
 	if p := l.last.Load(); p == nil || *p != key {
-		l.last.Store(&key)
+		k := key // only a new key escapes
+		l.last.Store(&k)
 	}
 	return l
 }
@@ -314,16 +330,16 @@ func (m *meters) reserved(key string, cost Cost, r Reservation, err error, by se
 	case r.Delay > 0:
 		d = decidedDelayed
 	}
-	m.decisions.Add(ctx, 1, l.decision[d][by])
+	m.decisions.Add(ctx, 1, l.decided[d][by]...)
 	if err != nil || !r.OK {
 		return
 	}
 	for i, dm := range m.dims {
 		if v := cost[dm.of]; v > 0 {
-			m.charged.Add(ctx, v, l.dim[i])
+			m.charged.Add(ctx, v, l.charged[i]...)
 		}
 	}
-	m.wait.Record(ctx, r.Delay.Seconds(), l.base)
+	m.wait.Record(ctx, r.Delay.Seconds(), l.waited...)
 	if r.Delay > 0 {
 		m.waiting.add(time.Now().Add(r.Delay))
 	}

@@ -216,11 +216,18 @@ func TestMetricsOutage(t *testing.T) {
 	assert.Contains(t, got, "sluice.bucket.tokens.remaining{dimension=requests}")
 }
 
-// A bucket without a meter provider allocates nothing for metrics.
+// A bucket without a meter provider allocates nothing for metrics, and one
+// with allocates nothing per call either.
 func TestNoMetricsNoAllocations(t *testing.T) {
 	b := bucket.NewLocal(bucket.PerSecond(1e9))
 	ctx := context.Background()
 	cost := bucket.N(1)
 	allocs := testing.AllocsPerRun(1000, func() { _, _ = b.Reserve(ctx, "k", cost, 0) })
 	assert.Zero(t, allocs)
+
+	// Nor with one, for a key seen before: the options are precomputed.
+	_, mp := newReader(t)
+	b = bucket.NewLocal(bucket.PerSecond(1e9), bucket.WithMeterProvider(mp))
+	allocs = testing.AllocsPerRun(1000, func() { _, _ = b.Reserve(ctx, "k", cost, 0) })
+	assert.Zero(t, allocs, "with metrics")
 }

@@ -203,7 +203,7 @@ func (c *Client) post(ctx context.Context, body any) (*http.Response, error) {
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		if ce := (*bucket.CostError)(nil); errors.As(err, &ce) && ce.Dim == bucket.Tokens && c.estimated {
+		if ce := (*bucket.CostError)(nil); errors.As(err, &ce) && (ce.Dim == bucket.Tokens || strings.HasPrefix(ce.Dim, bucket.Tokens+"/")) && c.estimated {
 			return nil, fmt.Errorf("llmclient: %s: %w", explainEstimate(body), err)
 		}
 		return nil, fmt.Errorf("llmclient: %w", err)
