@@ -1,16 +1,13 @@
 package transport_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -110,61 +107,18 @@ func geminiWorker() int {
 		transport.WithBucket(b),
 		transport.WithKey(func(*http.Request) string { return cfg.Key }))}
 
-	fmt.Println("ready")
-	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
-	startNs, perr := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
-	if err != nil || perr != nil {
-		fmt.Fprintln(os.Stderr, "gemini worker: start time:", err, perr)
+	start, err := fleettest.Ready()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gemini worker:", err)
 		return 2
 	}
-	start := time.Unix(0, startNs)
 	time.Sleep(time.Until(start))
 	stalls := fleettest.WatchStalls()
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(geminiCutoff))
 	defer cancel()
 
-	var (
-		mu   sync.Mutex
-		res  geminiResult
-		next atomic.Int64
-		wg   sync.WaitGroup
-	)
-	for range cfg.Goroutines {
-		wg.Go(func() {
-			for next.Add(1) <= int64(cfg.Calls) {
-				code, err := func() (int, error) {
-					req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.URL, nil)
-					if err != nil {
-						return 0, err
-					}
-					resp, err := client.Do(req)
-					if err != nil {
-						return 0, err
-					}
-					defer resp.Body.Close()
-					_, err = io.Copy(io.Discard, resp.Body)
-					return resp.StatusCode, err
-				}()
-				now := time.Now().UnixNano()
-				mu.Lock()
-				switch {
-				case err == nil && code == http.StatusOK:
-					res.OK++
-				default:
-					res.Lost++
-					if res.Err == "" && err != nil {
-						res.Err = err.Error()
-					} else if res.Err == "" {
-						res.Err = "status " + strconv.Itoa(code)
-					}
-				}
-				res.Last = max(res.Last, now)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	res.Attempts, res.Stall = attempts.Load(), stalls()
+	t := fleettest.Get(ctx, client, cfg.URL, cfg.Calls, cfg.Goroutines)
+	res := geminiResult{OK: t.OK, Lost: t.Lost, Err: t.Err, Last: t.Last, Attempts: attempts.Load(), Stall: stalls()}
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return 1
 	}

@@ -1,7 +1,6 @@
 package transport_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -74,14 +73,11 @@ func flightWorker() int {
 	client := &http.Client{Transport: transport.New(base, transport.WithInFlight(sem),
 		transport.WithKey(func(*http.Request) string { return cfg.Key }))}
 
-	fmt.Println("ready")
-	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
-	startNs, perr := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
-	if err != nil || perr != nil {
-		fmt.Fprintln(os.Stderr, "in-flight worker: start time:", err, perr)
+	start, err := fleettest.Ready()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "in-flight worker:", err)
 		return 2
 	}
-	start := time.Unix(0, startNs)
 	time.Sleep(time.Until(start))
 	var (
 		next atomic.Int64

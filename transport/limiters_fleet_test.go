@@ -1,18 +1,15 @@
 package transport_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -119,57 +116,18 @@ func limitersWorker() int {
 		transport.WithBucket(b),
 		transport.WithKey(func(*http.Request) string { return cfg.Key }))}
 
-	fmt.Println("ready")
-	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
-	startNs, perr := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
-	if err != nil || perr != nil {
-		fmt.Fprintln(os.Stderr, "limiters worker: start time:", err, perr)
+	startAt, err := fleettest.Ready()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "limiters worker:", err)
 		return 2
 	}
-	start = time.Unix(0, startNs)
+	start = startAt
 	time.Sleep(time.Until(start))
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(limitersCutoff))
 	defer cancel()
 
-	var (
-		next atomic.Int64
-		wg   sync.WaitGroup
-	)
-	for range cfg.Goroutines {
-		wg.Go(func() {
-			for next.Add(1) <= int64(cfg.Calls) {
-				code, err := func() (int, error) {
-					req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.URL, nil)
-					if err != nil {
-						return 0, err
-					}
-					resp, err := client.Do(req)
-					if err != nil {
-						return 0, err
-					}
-					defer resp.Body.Close()
-					_, err = io.Copy(io.Discard, resp.Body)
-					return resp.StatusCode, err
-				}()
-				now := time.Now().UnixNano()
-				mu.Lock()
-				switch {
-				case err == nil && code == http.StatusOK:
-					res.OK++
-				default:
-					res.Lost++
-					if res.Err == "" && err != nil {
-						res.Err = err.Error()
-					} else if res.Err == "" {
-						res.Err = "status " + strconv.Itoa(code)
-					}
-				}
-				res.Last = max(res.Last, now)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	t := fleettest.Get(ctx, client, cfg.URL, cfg.Calls, cfg.Goroutines)
+	res.OK, res.Lost, res.Err, res.Last = t.OK, t.Lost, t.Err, t.Last
 	res.Attempts = attempts.Load()
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return 1

@@ -1,7 +1,6 @@
 package transport_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -142,14 +141,12 @@ func modelsWorker() int {
 	}
 	warm.Wait()
 
-	fmt.Println("ready")
-	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
-	startNs, perr := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
-	if err != nil || perr != nil {
-		fmt.Fprintln(os.Stderr, "models worker: start:", err, perr)
+	startAt, err := fleettest.Ready()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "models worker:", err)
 		return 2
 	}
-	time.Sleep(time.Until(time.Unix(0, startNs)))
+	time.Sleep(time.Until(startAt))
 	jobs := modelsJobs()
 	var (
 		mu   sync.Mutex

@@ -1,7 +1,6 @@
 package transport_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -158,15 +157,13 @@ func restartWorker() int {
 	client := &http.Client{Transport: transport.New(nil, transport.WithBucket(rec))}
 	defer client.CloseIdleConnections()
 
-	fmt.Println("ready")
-	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
-	startNs, perr := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
-	if err != nil || perr != nil {
-		fmt.Fprintln(os.Stderr, "restart worker: start time:", err, perr)
+	startAt, err := fleettest.Ready()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "restart worker:", err)
 		return 2
 	}
-	start.Store(startNs)
-	time.Sleep(time.Until(time.Unix(0, startNs)))
+	start.Store(startAt.UnixNano())
+	time.Sleep(time.Until(startAt))
 
 	var (
 		res  restartResult

@@ -1,7 +1,6 @@
 package transport_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -148,14 +147,11 @@ func adaptiveWorker() int {
 		return 2
 	}
 
-	fmt.Println("ready")
-	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
-	startNs, perr := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
-	if err != nil || perr != nil {
-		fmt.Fprintln(os.Stderr, "adaptive worker: start time:", err, perr)
+	start, err := fleettest.Ready()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "adaptive worker:", err)
 		return 2
 	}
-	start := time.Unix(0, startNs)
 	time.Sleep(time.Until(start))
 
 	var (

@@ -1,7 +1,6 @@
 package transport_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -157,14 +156,12 @@ func sdkWorker() int {
 		return 2
 	}
 
-	fmt.Println("ready")
-	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
-	startNs, perr := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
-	if err != nil || perr != nil {
-		fmt.Fprintln(os.Stderr, "sdk worker: start time:", err, perr)
+	startAt, err := fleettest.Ready()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sdk worker:", err)
 		return 2
 	}
-	time.Sleep(time.Until(time.Unix(0, startNs)))
+	time.Sleep(time.Until(startAt))
 
 	var (
 		mu   sync.Mutex

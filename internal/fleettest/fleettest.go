@@ -11,10 +11,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -211,3 +214,77 @@ func (w *Worker) Pid() int { return w.cmd.Process.Pid }
 
 // Kill kills the worker at once (SIGKILL): it cleans nothing up.
 func (w *Worker) Kill() error { return w.cmd.Process.Kill() }
+
+// Ready is the worker's side of AwaitReady and Release: it says "ready" on
+// stdout and returns the start time that Release sends on stdin.
+func Ready() (time.Time, error) {
+	fmt.Println("ready")
+	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+	if err != nil {
+		return time.Time{}, fmt.Errorf("start time: %w", err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("start time: %w", err)
+	}
+	return time.Unix(0, ns), nil
+}
+
+// Tally is what a worker's calls came to.
+type Tally struct {
+	OK   int    // calls answered 200, their body read
+	Lost int    // the others: another status, or an error
+	Err  string // the first of the others
+	Last int64  // Unix nanoseconds of the last call's end
+}
+
+// Get makes calls GETs of url through client, within ctx, from goroutines
+// goroutines that each take the next call until all are made, and tallies
+// them.
+func Get(ctx context.Context, client *http.Client, url string, calls, goroutines int) Tally {
+	var (
+		mu   sync.Mutex
+		t    Tally
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for range goroutines {
+		wg.Go(func() {
+			for next.Add(1) <= int64(calls) {
+				code, err := get(ctx, client, url)
+				now := time.Now().UnixNano()
+				mu.Lock()
+				switch {
+				case err == nil && code == http.StatusOK:
+					t.OK++
+				default:
+					t.Lost++
+					if t.Err == "" && err != nil {
+						t.Err = err.Error()
+					} else if t.Err == "" {
+						t.Err = "status " + strconv.Itoa(code)
+					}
+				}
+				t.Last = max(t.Last, now)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return t
+}
+
+// get makes one GET of url, reads its body, and returns its status.
+func get(ctx context.Context, client *http.Client, url string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, err = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, err
+}
