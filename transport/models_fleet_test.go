@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,39 +147,14 @@ func modelsWorker() int {
 	}
 	time.Sleep(time.Until(startAt))
 	jobs := modelsJobs()
-	var (
-		mu   sync.Mutex
-		res  modelsResult
-		next atomic.Int64
-		wg   sync.WaitGroup
-	)
-	next.Store(int64(cfg.Index))
-	for range modelsGoroutines {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(int64(cfg.Procs)) - int64(cfg.Procs))
-				if i >= len(jobs) {
-					return
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				_, err := client.Chat(ctx, llmclient.ChatRequest{Model: jobs[i], MaxTokens: modelsMaxTokens,
-					Messages: []llmclient.Message{{Role: "user", Content: modelsPrompt}}})
-				cancel()
-				mu.Lock()
-				if err != nil {
-					res.Failed++
-					if res.Err == "" {
-						res.Err = err.Error()
-					}
-				} else {
-					res.OK++
-				}
-				res.Last = max(res.Last, time.Now().UnixNano())
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	t := fleettest.Run(cfg.Index, cfg.Procs, len(jobs), modelsGoroutines, func(i int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := client.Chat(ctx, llmclient.ChatRequest{Model: jobs[i], MaxTokens: modelsMaxTokens,
+			Messages: []llmclient.Message{{Role: "user", Content: modelsPrompt}}})
+		return err
+	})
+	res := modelsResult{OK: t.OK, Failed: t.Lost, Err: t.Err, Last: t.Last}
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return 1
 	}

@@ -163,38 +163,12 @@ func sdkWorker() int {
 	}
 	time.Sleep(time.Until(startAt))
 
-	var (
-		mu   sync.Mutex
-		res  sdkResult
-		next atomic.Int64 // of this worker's calls
-		wg   sync.WaitGroup
-	)
-	for range cfg.Routines {
-		wg.Go(func() {
-			for {
-				i := cfg.Worker + cfg.Workers*int(next.Add(1)-1)
-				if i >= cfg.Calls {
-					return
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), sdkCallTimeout)
-				err := call(ctx, sdkWorkload(i))
-				cancel()
-				now := time.Now().UnixNano()
-				mu.Lock()
-				if err != nil {
-					res.Failed++
-					if res.Err == "" {
-						res.Err = err.Error()
-					}
-				} else {
-					res.OK++
-				}
-				res.Last = max(res.Last, now)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	t := fleettest.Run(cfg.Worker, cfg.Workers, cfg.Calls, cfg.Routines, func(i int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), sdkCallTimeout)
+		defer cancel()
+		return call(ctx, sdkWorkload(i))
+	})
+	res := sdkResult{OK: t.OK, Failed: t.Lost, Err: t.Err, Last: t.Last}
 	res.Throttled = throttled.Load()
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return 1

@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -232,16 +233,16 @@ func Ready() (time.Time, error) {
 
 // Tally is what a worker's calls came to.
 type Tally struct {
-	OK   int    // calls answered 200, their body read
-	Lost int    // the others: another status, or an error
-	Err  string // the first of the others
+	OK   int    // calls that succeeded
+	Lost int    // the others
+	Err  string // the first of the others' errors
 	Last int64  // Unix nanoseconds of the last call's end
 }
 
-// Get makes calls GETs of url through client, within ctx, from goroutines
-// goroutines that each take the next call until all are made, and tallies
-// them.
-func Get(ctx context.Context, client *http.Client, url string, calls, goroutines int) Tally {
+// Run makes the calls first, first+step, ... below n, from goroutines
+// goroutines that each take the next until all are made, and tallies them:
+// a call succeeds if call returns nil.
+func Run(first, step, n, goroutines int, call func(i int) error) Tally {
 	var (
 		mu   sync.Mutex
 		t    Tally
@@ -250,19 +251,20 @@ func Get(ctx context.Context, client *http.Client, url string, calls, goroutines
 	)
 	for range goroutines {
 		wg.Go(func() {
-			for next.Add(1) <= int64(calls) {
-				code, err := get(ctx, client, url)
+			for {
+				i := first + step*int(next.Add(1)-1)
+				if i >= n {
+					return
+				}
+				err := call(i)
 				now := time.Now().UnixNano()
 				mu.Lock()
-				switch {
-				case err == nil && code == http.StatusOK:
+				if err == nil {
 					t.OK++
-				default:
+				} else {
 					t.Lost++
-					if t.Err == "" && err != nil {
+					if t.Err == "" {
 						t.Err = err.Error()
-					} else if t.Err == "" {
-						t.Err = "status " + strconv.Itoa(code)
 					}
 				}
 				t.Last = max(t.Last, now)
@@ -274,17 +276,29 @@ func Get(ctx context.Context, client *http.Client, url string, calls, goroutines
 	return t
 }
 
-// get makes one GET of url, reads its body, and returns its status.
-func get(ctx context.Context, client *http.Client, url string) (int, error) {
+// Get makes calls GETs of url through client, within ctx, from goroutines
+// goroutines, and tallies them: a call succeeds if it is answered 200 and
+// its body read.
+func Get(ctx context.Context, client *http.Client, url string, calls, goroutines int) Tally {
+	return Run(0, 1, calls, goroutines, func(int) error { return get(ctx, client, url) })
+}
+
+// get makes one GET of url and reads its body.
+func get(ctx context.Context, client *http.Client, url string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer resp.Body.Close()
-	_, err = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, err
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return errors.New("status " + strconv.Itoa(resp.StatusCode))
+	}
+	return nil
 }
