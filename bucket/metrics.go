@@ -130,14 +130,14 @@ type meters struct {
 // labelled is what a meters keeps for one key label: its attribute sets,
 // precomputed, and the last key used under it.
 type labelled struct {
-	base     metric.MeasurementOption
-	decision [numDecisions][numServers]metric.MeasurementOption
-	dim      []metric.MeasurementOption // by dimension
-	last     atomic.Pointer[string]
-	// The hot path's options as the slices the instruments take, so that
-	// a call passes them without a slice of its own.
+	base metric.MeasurementOption
+	dim  []metric.MeasurementOption // by dimension
+	last atomic.Pointer[string]
+	// The options as the slices the instruments take, so that a call
+	// passes them without a slice of its own.
 	decided [numDecisions][numServers][]metric.AddOption
-	charged [][]metric.AddOption // by dimension
+	dimAdd  [][]metric.AddOption // by dimension
+	baseAdd []metric.AddOption
 	waited  []metric.RecordOption
 }
 
@@ -251,22 +251,16 @@ func (m *meters) newLabelled(label string, keyed bool) *labelled {
 	l := &labelled{base: m.with(extra...), dim: make([]metric.MeasurementOption, len(m.dims))}
 	for d := range numDecisions {
 		for s := range numServers {
-			l.decision[d][s] = m.with(append(extra[:len(extra):len(extra)],
-				attribute.String(attrDecision, decisionNames[d]), attribute.String(attrServedBy, serverNames[s]))...)
+			l.decided[d][s] = []metric.AddOption{m.with(append(extra[:len(extra):len(extra)],
+				attribute.String(attrDecision, decisionNames[d]), attribute.String(attrServedBy, serverNames[s]))...)}
 		}
 	}
+	l.dimAdd = make([][]metric.AddOption, len(m.dims))
 	for i, d := range m.dims {
 		l.dim[i] = m.with(append(extra[:len(extra):len(extra)], attribute.String(attrDimension, d.name))...)
+		l.dimAdd[i] = []metric.AddOption{l.dim[i]}
 	}
-	for d := range numDecisions {
-		for s := range numServers {
-			l.decided[d][s] = []metric.AddOption{l.decision[d][s]}
-		}
-	}
-	l.charged = make([][]metric.AddOption, len(l.dim))
-	for i, o := range l.dim {
-		l.charged[i] = []metric.AddOption{o}
-	}
+	l.baseAdd = []metric.AddOption{l.base}
 	l.waited = []metric.RecordOption{l.base}
 	// The counters start at zero, so that a rate of them is one from the
 	// start.
@@ -336,7 +330,7 @@ func (m *meters) reserved(key string, cost Cost, r Reservation, err error, by se
 	}
 	for i, dm := range m.dims {
 		if v := cost[dm.of]; v > 0 {
-			m.charged.Add(ctx, v, l.charged[i]...)
+			m.charged.Add(ctx, v, l.dimAdd[i]...)
 		}
 	}
 	m.wait.Record(ctx, r.Delay.Seconds(), l.waited...)
@@ -356,9 +350,9 @@ func (m *meters) adjusted(key string, delta Cost) {
 	for i, dm := range m.dims {
 		switch v := delta[dm.of]; {
 		case v < 0:
-			m.refunded.Add(ctx, -v, l.dim[i])
+			m.refunded.Add(ctx, -v, l.dimAdd[i]...)
 		case v > 0:
-			m.debited.Add(ctx, min(v, dm.limit.Burst), l.dim[i])
+			m.debited.Add(ctx, min(v, dm.limit.Burst), l.dimAdd[i]...)
 		}
 	}
 }
@@ -371,10 +365,10 @@ func (m *meters) observed(key string, decreased, paused bool) {
 	}
 	l := m.of(key)
 	if decreased {
-		m.decreases.Add(context.Background(), 1, l.base)
+		m.decreases.Add(context.Background(), 1, l.baseAdd...)
 	}
 	if paused {
-		m.pauses.Add(context.Background(), 1, l.base)
+		m.pauses.Add(context.Background(), 1, l.baseAdd...)
 	}
 }
 

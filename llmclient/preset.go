@@ -85,21 +85,34 @@ func ModelKey(r *http.Request) string {
 
 // bodyModel returns the "model" of r's JSON body, or "".
 func bodyModel(r *http.Request) string {
-	if r.GetBody == nil || r.Body == nil || r.Body == http.NoBody {
+	h, ok := readHead(r)
+	if !ok || len(h.Model) > maxModelName {
 		return ""
+	}
+	return h.Model
+}
+
+// head is what the presets read of a request's JSON body besides its
+// cost: its model and its cap on the completion.
+type head struct {
+	Model               string `json:"model"`
+	MaxTokens           int    `json:"max_tokens"`
+	MaxCompletionTokens int    `json:"max_completion_tokens"`
+}
+
+// readHead decodes the head of r's JSON body, from a copy, at most 8 MiB
+// of it, keeping nothing else.
+func readHead(r *http.Request) (head, bool) {
+	var h head
+	if r == nil || r.GetBody == nil || r.Body == nil || r.Body == http.NoBody {
+		return h, false
 	}
 	body, err := r.GetBody()
 	if err != nil {
-		return ""
+		return h, false
 	}
 	defer body.Close()
-	var v struct {
-		Model string `json:"model"`
-	}
-	if json.NewDecoder(io.LimitReader(body, maxModelBody)).Decode(&v) != nil || len(v.Model) > maxModelName {
-		return ""
-	}
-	return v.Model
+	return h, json.NewDecoder(io.LimitReader(body, maxModelBody)).Decode(&h) == nil
 }
 
 // maxModelName bounds a model's name in a key: a longer one is no model's.

@@ -76,13 +76,13 @@ func MeterOpenAIUsage(resp *http.Response) transport.UsageMeter {
 	if m == nil {
 		return nil
 	}
-	req, ok := readChatRequest(resp.Request)
+	h, ok := readHead(resp.Request)
 	if !ok {
 		return m
 	}
-	c := req.MaxCompletionTokens
+	c := h.MaxCompletionTokens
 	if c <= 0 {
-		c = req.MaxTokens
+		c = h.MaxTokens
 	}
 	if c <= 0 {
 		return m
