@@ -53,29 +53,44 @@ type Reservation struct {
 	Epoch uint64
 }
 
-// moveUp is a bucket that tells how long until cost could be taken from
-// key if it were reserved now, behind every reservation so far, changing
-// nothing (the end of the queue), and signals the refunds made to a key
-// through it.
+// moveUp is a bucket whose reservations' slots may move up (see WaitMax):
+// reserveAt is Reserve, with the reservation's place in the key's queue
+// where the bucket tells it; earliest tells how long until the slot of the
+// reservation of cost at that place comes now, or, with no place, until
+// cost could be taken if it were reserved now behind every reservation so
+// far (the end of the queue), changing nothing; cancel refunds a
+// reservation whose slot did not come, taking it out of the queue; and
+// refunds signals the refunds made to a key through the bucket.
 type moveUp interface {
-	earliest(ctx context.Context, key string, cost Cost) (time.Duration, error)
+	reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, place, error)
+	earliest(ctx context.Context, key string, cost Cost, at place) (time.Duration, error)
+	cancel(ctx context.Context, key string, cost Cost) error
 	refunds() *refunds
 }
 
 // minMoveUp is the least wait that may move up.
 const minMoveUp = 250 * time.Millisecond
 
-// sleepMovingUp sleeps for delay, a reservation's, or less if a refund to
-// key through b moves the slot up (see WaitMax).
-func sleepMovingUp(ctx context.Context, b Bucket, key string, cost Cost, delay time.Duration) error {
-	m, ok := b.(moveUp)
-	if !ok || delay < minMoveUp {
+// recheck is how long a waiter whose slot is left off sleeps before it
+// reads the slot again unasked, for the refunds of other processes, which
+// this one does not hear of: a quarter of left, and at least 2*minMoveUp.
+// A wait of 20 s so reads its slot about a dozen times.
+func recheck(left time.Duration) time.Duration {
+	return max(2*minMoveUp, left/4)
+}
+
+// sleepMovingUp sleeps for delay, the reservation's at place, or less if
+// a refund to key moves the slot up (see WaitMax).
+func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay time.Duration, at place) error {
+	if m == nil || delay < minMoveUp {
 		return wait.Sleep(ctx, delay)
 	}
 	rs := m.refunds()
 	slot := time.Now().Add(delay)
 	t := time.NewTimer(delay)
 	defer t.Stop()
+	again := time.NewTimer(recheck(delay))
+	defer again.Stop()
 	for {
 		refunded, unwatch := rs.watch(key)
 		select {
@@ -86,16 +101,19 @@ func sleepMovingUp(ctx context.Context, b Bucket, key string, cost Cost, delay t
 			unwatch()
 			return nil
 		case <-refunded:
+		case <-again.C:
+			unwatch()
 		}
 		if time.Until(slot) < minMoveUp {
 			continue // not worth a call: the next refund is watched for, and the timer
 		}
-		if end, err := m.earliest(ctx, key, cost); err == nil {
+		if end, err := m.earliest(ctx, key, cost, at); err == nil {
 			if at := time.Now().Add(end); at.Before(slot) {
 				slot = at
 				t.Reset(time.Until(at))
 			}
 		}
+		again.Reset(recheck(time.Until(slot)))
 	}
 }
 
@@ -179,21 +197,24 @@ func Wait(ctx context.Context, b Bucket, key string, cost Cost) (Reservation, er
 // call to the bucket. The wait is bounded by maxWait and by the time left
 // until ctx's deadline: if the slot lies beyond, WaitMax fails at once with
 // a *WaitError (errors.Is ErrDeadline) and takes nothing. If ctx is done
-// while waiting, the cost is refunded and ctx's error returned. Nobody polls:
-// concurrent waiters get successive slots and wake one after another.
+// while waiting, the cost is refunded and ctx's error returned. Concurrent
+// waiters get successive slots and wake one after another.
 //
 // A slot a quarter of a second off or more may move up: a refund (a call
 // that used less than it reserved, such as an LLM call's unused
-// max_tokens) gives back capacity that the slots reserved before it did
-// not count on. When this process refunds the key through a token bucket
-// (Redis, Local, or a Route of them), or tells it of a response that was
-// no refusal (Observe: the fleet's refunds may have come since), each of
-// its waiters on the key whose slot is that far off asks the bucket once,
-// with one read, where the end of the queue now is, and moves its slot up
-// to it if that is sooner: it is as if it had reserved anew behind every
-// reservation made so far. Before,
-// with every goroutine asleep until its slot, what refunds gave back went
-// unused until then.
+// max_tokens) gives back capacity that the reservations queued behind it
+// were not given. A waiter whose slot is that far off asks the bucket,
+// with one read, where its slot now is: where the key's tokens, but for
+// those reserved after it, come out of debt. So every refund made since it
+// reserved, by any process, moves it up by what the refund is worth at the
+// key's rate, as if the refunded call had been charged only what it used,
+// and the queue keeps its order; a wait cancelled behind it moves it not
+// at all. It asks when this process refunds the key through a token bucket
+// (Redis, Local, or a Route of them) or tells it of a response that was no
+// refusal (Observe), and, for the refunds of the fleet's other processes,
+// which this one does not hear of, unasked after a quarter of what is left
+// of its wait, and at least half a second after it last asked: a wait of
+// 20 s with no refund reads its slot about a dozen times.
 func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	if err := ctx.Err(); err != nil {
 		return Reservation{}, err
@@ -206,21 +227,35 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 			maxWait = max(left, 0)
 		}
 	}
-	r, err := b.Reserve(ctx, key, cost, maxWait)
+	m, _ := b.(moveUp)
+	var r Reservation
+	var at place
+	var err error
+	if m != nil {
+		r, at, err = m.reserveAt(ctx, key, cost, maxWait)
+	} else {
+		r, err = b.Reserve(ctx, key, cost, maxWait)
+	}
 	if err != nil {
 		return r, err
 	}
 	if !r.OK {
 		return r, &WaitError{RetryAfter: r.RetryAfter, MaxWait: maxWait}
 	}
-	if r.Delay <= 0 || sleepMovingUp(ctx, b, key, cost, r.Delay) == nil {
+	if r.Delay <= 0 || sleepMovingUp(ctx, m, key, cost, r.Delay, at) == nil {
 		return r, nil
 	}
 	// The slot is ours but will not be used: give it back so the next
 	// caller can have it. The refund must outlive the cancelled ctx.
 	rctx, cancel := wait.Detached(ctx)
 	defer cancel()
-	if rerr := b.Adjust(rctx, key, cost.Neg()); rerr != nil {
+	var rerr error
+	if m != nil {
+		rerr = m.cancel(rctx, key, cost)
+	} else {
+		rerr = b.Adjust(rctx, key, cost.Neg())
+	}
+	if rerr != nil {
 		return r, errors.Join(ctx.Err(), rerr)
 	}
 	return r, ctx.Err()

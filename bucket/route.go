@@ -58,12 +58,36 @@ func (r *Routed) For(key string) Bucket {
 	return r.def
 }
 
+// reserveAt implements moveUp on key's bucket.
+func (r *Routed) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, place, error) {
+	b := r.For(key)
+	if m, ok := b.(moveUp); ok {
+		return m.reserveAt(ctx, key, cost, maxWait)
+	}
+	res, err := b.Reserve(ctx, key, cost, maxWait)
+	return res, nil, err
+}
+
 // earliest implements moveUp on key's bucket, if it can.
-func (r *Routed) earliest(ctx context.Context, key string, cost Cost) (time.Duration, error) {
+func (r *Routed) earliest(ctx context.Context, key string, cost Cost, at place) (time.Duration, error) {
 	if m, ok := r.For(key).(moveUp); ok {
-		return m.earliest(ctx, key, cost)
+		return m.earliest(ctx, key, cost, at)
 	}
 	return Unlimited, nil
+}
+
+// cancel implements moveUp on key's bucket.
+func (r *Routed) cancel(ctx context.Context, key string, cost Cost) error {
+	var err error
+	if m, ok := r.For(key).(moveUp); ok {
+		err = m.cancel(ctx, key, cost)
+	} else {
+		err = r.For(key).Adjust(ctx, key, cost.Neg())
+	}
+	if err == nil {
+		r.waiting.fire(key, cost.Neg())
+	}
+	return err
 }
 
 // refunds implements moveUp: the refunds made through the Routed bucket.
