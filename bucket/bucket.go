@@ -22,7 +22,12 @@ type Bucket interface {
 	// Adjust changes what key has been charged by delta: a negative amount
 	// refunds (never above the burst), a positive one debits, into debt if
 	// need be, and at most the dimension's burst: no call can cost more, and
-	// a usage report beyond it is a lie that would stall the key.
+	// a usage report beyond it is a lie that would stall the key. A refund
+	// is taken to be a served call's (one whose slot came): the waiters
+	// queued behind it move up by it (see WaitMax). To give back a
+	// reservation whose slot has not come, cancel WaitMax's ctx instead:
+	// refunded here, it would move up the waiters queued ahead of it too,
+	// admitting its cost early, once.
 	Adjust(ctx context.Context, key string, delta Cost) error
 	// Observe applies what a response said about the limit to key, for
 	// every user of the bucket: a pause for its Retry-After (what is
