@@ -71,6 +71,7 @@ type moveUp interface {
 	earliest(ctx context.Context, key string, cost Cost, at place) (time.Duration, error)
 	cancel(ctx context.Context, key string, cost Cost) error
 	refunds() *refunds
+	waiters(key string) *waiters // the gauge that key's waits of reserveAt count in, or nil
 }
 
 // minMoveUp is the least wait that may move up.
@@ -87,7 +88,7 @@ func recheck(left time.Duration) time.Duration {
 // sleepMovingUp sleeps for delay, the reservation's at place, or less if
 // a refund to key moves the slot up (see WaitMax).
 func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay time.Duration, at place) error {
-	if m == nil || delay < minMoveUp {
+	if delay < minMoveUp {
 		return wait.Sleep(ctx, delay)
 	}
 	rs := m.refunds()
@@ -247,7 +248,18 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 	if !r.OK {
 		return r, &WaitError{RetryAfter: r.RetryAfter, MaxWait: maxWait}
 	}
-	if r.Delay <= 0 || sleepMovingUp(ctx, m, key, cost, r.Delay, at) == nil {
+	if r.Delay <= 0 {
+		return r, nil
+	}
+	if m != nil {
+		w := m.waiters(key)
+		w.sleep(1)
+		err = sleepMovingUp(ctx, m, key, cost, r.Delay, at)
+		w.sleep(-1)
+	} else {
+		err = wait.Sleep(ctx, r.Delay)
+	}
+	if err == nil {
 		return r, nil
 	}
 	// The slot is ours but will not be used: give it back so the next

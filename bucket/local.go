@@ -97,7 +97,7 @@ const minSweep = 1024
 // Reserve implements Bucket.
 func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	r, _, err := l.reserve(key, cost, maxWait)
-	l.m.reserved(key, cost, r, err, servedLocal)
+	l.m.reserved(key, cost, r, err, servedLocal, false)
 	return r, err
 }
 
@@ -165,8 +165,16 @@ func (l *Local) refunds() *refunds { return &l.waiting }
 // reserveAt implements moveUp.
 func (l *Local) reserveAt(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, place, error) {
 	r, at, err := l.reserve(key, cost, maxWait)
-	l.m.reserved(key, cost, r, err, servedLocal)
+	l.m.reserved(key, cost, r, err, servedLocal, true)
 	return r, at, err
+}
+
+// waiters implements moveUp.
+func (l *Local) waiters(string) *waiters {
+	if l.m == nil {
+		return nil
+	}
+	return &l.m.waiting
 }
 
 // cancel implements moveUp.

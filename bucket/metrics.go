@@ -308,8 +308,10 @@ func (m *meters) of(key string) *labelled {
 	return l
 }
 
-// reserved records a Reserve of cost from key.
-func (m *meters) reserved(key string, cost Cost, r Reservation, err error, by server) {
+// reserved records a Reserve of cost from key; its wait is counted among
+// the waiters until its slot, unless counted reports that the caller
+// counts it (see waiters.sleep).
+func (m *meters) reserved(key string, cost Cost, r Reservation, err error, by server, counted bool) {
 	if m == nil {
 		return
 	}
@@ -334,7 +336,7 @@ func (m *meters) reserved(key string, cost Cost, r Reservation, err error, by se
 		}
 	}
 	m.wait.Record(ctx, r.Delay.Seconds(), l.waited...)
-	if r.Delay > 0 {
+	if r.Delay > 0 && !counted {
 		m.waiting.add(time.Now().Add(r.Delay))
 	}
 }
@@ -415,10 +417,21 @@ func (m *meters) observeKeys(ctx context.Context, o metric.Observer, remaining, 
 }
 
 // waiters are the times at which this process's reservations' slots come,
-// for those to come: a min-heap, pruned as they pass.
+// for those to come: a min-heap, pruned as they pass; and the waits of
+// WaitMax under way, which end when their slot moves up or they are
+// cancelled.
 type waiters struct {
-	mu  sync.Mutex
-	due dueHeap
+	mu       sync.Mutex
+	due      dueHeap
+	sleeping atomic.Int64
+}
+
+// sleep counts a WaitMax's wait, n = 1 as it begins and -1 as it ends. w
+// may be nil (no metrics).
+func (w *waiters) sleep(n int64) {
+	if w != nil {
+		w.sleeping.Add(n)
+	}
 }
 
 func (w *waiters) add(at time.Time) {
@@ -433,7 +446,7 @@ func (w *waiters) count(now time.Time) int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.prune(now)
-	return int64(len(w.due))
+	return int64(len(w.due)) + w.sleeping.Load()
 }
 
 func (w *waiters) prune(now time.Time) {

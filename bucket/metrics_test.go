@@ -231,3 +231,42 @@ func TestNoMetricsNoAllocations(t *testing.T) {
 	allocs = testing.AllocsPerRun(1000, func() { _, _ = b.Reserve(ctx, "k", cost, 0) })
 	assert.Zero(t, allocs, "with metrics")
 }
+
+// TestMetricsWaitersEndEarly: a WaitMax whose slot moves up, or whose wait
+// is cancelled, leaves the waiters gauge when it ends, not at the slot it
+// first had (the gauge counted both until then).
+func TestMetricsWaitersEndEarly(t *testing.T) {
+	for name, newBucket := range map[string]func(mp *sdkmetric.MeterProvider) bucket.Bucket{
+		"local": func(mp *sdkmetric.MeterProvider) bucket.Bucket {
+			return bucket.NewLocal(bucket.PerSecond(10), bucket.WithMeterProvider(mp))
+		},
+		"redis": func(mp *sdkmetric.MeterProvider) bucket.Bucket {
+			return bucket.NewRedis(redistest.Client(t), bucket.PerSecond(10), bucket.WithFailClosed(), bucket.WithMeterProvider(mp))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			reader, mp := newReader(t)
+			b := newBucket(mp)
+			ctx := context.Background()
+			key := fmt.Sprintf("waiters-%s-%d", name, time.Now().UnixNano())
+			_, err := b.Reserve(ctx, key, bucket.N(10), 0) // empty
+			require.NoError(t, err)
+			cctx, cancel := context.WithCancel(ctx)
+			ended := make(chan struct{}, 2)
+			for _, c := range []context.Context{ctx, cctx} { // slots at 1 s and 2 s
+				go func() {
+					_, _ = bucket.WaitMax(c, b, key, bucket.N(10), time.Minute)
+					ended <- struct{}{}
+				}()
+				time.Sleep(20 * time.Millisecond)
+			}
+			assert.Equal(t, 2.0, points(t, reader)["sluice.bucket.waiters{}"])
+			cancel()
+			<-ended
+			assert.Equal(t, 1.0, points(t, reader)["sluice.bucket.waiters{}"], "the cancelled wait")
+			require.NoError(t, b.Adjust(ctx, key, bucket.N(-10))) // the first wait's slot comes now
+			<-ended
+			assert.Equal(t, 0.0, points(t, reader)["sluice.bucket.waiters{}"], "the wait moved up")
+		})
+	}
+}

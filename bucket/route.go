@@ -76,6 +76,14 @@ func (r *Routed) earliest(ctx context.Context, key string, cost Cost, at place) 
 	return Unlimited, nil
 }
 
+// waiters implements moveUp: key's bucket's.
+func (r *Routed) waiters(key string) *waiters {
+	if m, ok := r.For(key).(moveUp); ok {
+		return m.waiters(key)
+	}
+	return nil // its Reserve counts them
+}
+
 // cancel implements moveUp on key's bucket.
 func (r *Routed) cancel(ctx context.Context, key string, cost Cost) error {
 	var err error

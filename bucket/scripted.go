@@ -115,16 +115,26 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 // extra, then the triples of prepare. The script replies with the wait in
 // microseconds, negated if it took nothing (a refused wait is always > 0).
 func (s *scripted) reserve(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, error) {
-	r, _, err := s.reserveAt(ctx, script, key, cost, maxWait, extra...)
+	r, _, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
+	s.m.reserved(key, cost, r, err, by, false)
 	return r, err
 }
 
-// reserveAt is reserve, with the reservation's place in the queue where
-// the script replied one (see queueScript).
+// reserveAt is reserve for WaitMax, which counts its wait among the
+// waiters itself, with the reservation's place in the queue where the
+// script replied one (see queueScript).
 func (s *scripted) reserveAt(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, place, error) {
 	r, at, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
-	s.m.reserved(key, cost, r, err, by)
+	s.m.reserved(key, cost, r, err, by, true)
 	return r, at, err
+}
+
+// waiters implements moveUp: this bucket's waiters gauge, or nil.
+func (s *scripted) waiters(string) *waiters {
+	if s.m == nil {
+		return nil
+	}
+	return &s.m.waiting
 }
 
 // reserveBy is reserveAt, saying what served it.
