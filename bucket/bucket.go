@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,12 +24,7 @@ type Bucket interface {
 	// Adjust changes what key has been charged by delta: a negative amount
 	// refunds (never above the burst), a positive one debits, into debt if
 	// need be, and at most the dimension's burst: no call can cost more, and
-	// a usage report beyond it is a lie that would stall the key. A refund
-	// is taken to be a served call's (one whose slot came): the waiters
-	// queued behind it move up by it (see WaitMax). To give back a
-	// reservation whose slot has not come, cancel WaitMax's ctx instead:
-	// refunded here, it would move up the waiters queued ahead of it too,
-	// admitting its cost early, once.
+	// a usage report beyond it is a lie that would stall the key.
 	Adjust(ctx context.Context, key string, delta Cost) error
 	// Observe applies what a response said about the limit to key, for
 	// every user of the bucket: a pause for its Retry-After (what is
@@ -59,35 +56,34 @@ type Reservation struct {
 }
 
 // moveUp is a bucket whose reservations' slots may move up (see WaitMax):
-// reserveAt is Reserve, with the reservation's place in the key's queue
-// where the bucket tells it; earliest tells how long until the slot of the
-// reservation of cost at that place comes now, or, with no place, until
-// cost could be taken if it were reserved now behind every reservation so
-// far (the end of the queue), changing nothing; cancel refunds a
-// reservation whose slot did not come, taking it out of the queue; and
+// reserveAt is Reserve for WaitMax, which counts its wait in the waiters
+// gauge that waiters returns, and says whether the slot may move up (not
+// a fail-open share's, which Redis does not hold); earliest tells how
+// long until cost could be taken from key if it were reserved now, behind
+// every reservation so far, changing nothing (the end of the queue); and
 // refunds signals the refunds made to a key through the bucket.
 type moveUp interface {
-	reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, place, error)
-	earliest(ctx context.Context, key string, cost Cost, at place) (time.Duration, error)
-	cancel(ctx context.Context, key string, cost Cost) error
+	reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (r Reservation, movable bool, err error)
+	earliest(ctx context.Context, key string, cost Cost) (time.Duration, error)
 	refunds() *refunds
-	waiters(key string) *waiters // the gauge that key's waits of reserveAt count in, or nil
+	waiters(key string) *waiters // nil: no metrics
 }
 
 // minMoveUp is the least wait that may move up.
 const minMoveUp = 250 * time.Millisecond
 
 // recheck is how long a waiter whose slot is left off sleeps before it
-// reads the slot again unasked, for the refunds of other processes, which
-// this one does not hear of: a quarter of left, and at least 2*minMoveUp.
-// A wait of 20 s so reads its slot about a dozen times.
+// reads the end of the queue again unasked, for the refunds of other
+// processes, which this one does not hear of: a quarter of left, and at
+// least 2*minMoveUp. A wait of 20 s so reads it about a dozen times; the
+// waiters of a key read it together (see sleepMovingUp).
 func recheck(left time.Duration) time.Duration {
 	return max(2*minMoveUp, left/4)
 }
 
-// sleepMovingUp sleeps for delay, the reservation's at place, or less if
-// a refund to key moves the slot up (see WaitMax).
-func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay time.Duration, at place) error {
+// sleepMovingUp sleeps for delay, a reservation's, or less if a refund to
+// key moves the slot up (see WaitMax).
+func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay time.Duration) error {
 	if delay < minMoveUp {
 		return wait.Sleep(ctx, delay)
 	}
@@ -97,8 +93,11 @@ func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay t
 	defer t.Stop()
 	again := time.NewTimer(recheck(delay))
 	defer again.Stop()
+	class := chargedClass(cost)
+	read := func(ctx context.Context) (time.Duration, error) { return m.earliest(ctx, key, cost) }
 	for {
-		refunded, unwatch := rs.watch(key)
+		w, unwatch := rs.watch(key)
+		var since time.Time
 		select {
 		case <-ctx.Done():
 			unwatch()
@@ -106,39 +105,103 @@ func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay t
 		case <-t.C:
 			unwatch()
 			return nil
-		case <-refunded:
+		case <-w.ch:
+			since = w.fired // a read begun since the refund tells of it
 		case <-again.C:
-			unwatch()
+			// Every waiter of the key reads with this one: a process reads
+			// a key's queue unasked at most twice a second.
+			rs.wake(key)
+			since = w.fired
 		}
 		if time.Until(slot) < minMoveUp {
 			continue // not worth a call: the next refund is watched for, and the timer
 		}
-		if end, err := m.earliest(ctx, key, cost, at); err == nil {
-			if at := time.Now().Add(end); at.Before(slot) {
-				slot = at
-				t.Reset(time.Until(at))
-			}
+		// A read that outlasts the slot (a slow Redis) must not make the
+		// waiter late: it ends there.
+		rctx, cancel := context.WithDeadline(ctx, slot)
+		at, err := rs.end(rctx, key, class, since, read)
+		cancel()
+		if err == nil && at.Before(slot) {
+			slot = at
+			t.Reset(time.Until(at))
 		}
 		again.Reset(recheck(time.Until(slot)))
 	}
 }
 
+// chargedClass names the dimensions that cost charges: the waiters of a
+// key whose costs charge the same share its queue's end.
+func chargedClass(cost Cost) string {
+	names := make([]string, 0, len(cost))
+	for d, v := range cost {
+		if v != 0 {
+			names = append(names, d)
+		}
+	}
+	slices.Sort(names)
+	return strings.Join(names, ",")
+}
+
 // refunds signals the refunds made to each key to the waiters that watch
 // it: a channel per key, closed at the next refund; none for a key that
-// nobody watches.
+// nobody watches. And it shares the waiters' reads of the end of a key's
+// queue: those a refund wakes at once make one read, not one each.
 type refunds struct {
-	mu sync.Mutex
-	m  map[string]*refundWatch
+	mu    sync.Mutex
+	m     map[string]*refundWatch
+	reads map[string]*endRead // under way, by key and the dimensions charged
 }
 
 type refundWatch struct {
-	ch chan struct{}
-	n  int // waiters watching ch
+	ch    chan struct{}
+	n     int       // waiters watching ch
+	fired time.Time // when ch was closed
 }
 
-// watch returns a channel closed at key's next refund, and the function
+// endRead is a read of the end of a key's queue: done is closed once end
+// and err are set.
+type endRead struct {
+	began time.Time
+	done  chan struct{}
+	end   time.Time
+	err   error
+}
+
+// end returns the end of the queue that read reads, from a read of key
+// and class (the dimensions charged) begun at since or later: one under
+// way, or a new one.
+func (r *refunds) end(ctx context.Context, key, class string, since time.Time, read func(context.Context) (time.Duration, error)) (time.Time, error) {
+	k := key + "\x00" + class
+	r.mu.Lock()
+	if rd := r.reads[k]; rd != nil && !rd.began.Before(since) {
+		r.mu.Unlock()
+		select {
+		case <-rd.done:
+			return rd.end, rd.err
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		}
+	}
+	if r.reads == nil {
+		r.reads = make(map[string]*endRead)
+	}
+	rd := &endRead{began: time.Now(), done: make(chan struct{})}
+	r.reads[k] = rd
+	r.mu.Unlock()
+	d, err := read(ctx)
+	rd.end, rd.err = time.Now().Add(d), err
+	close(rd.done)
+	r.mu.Lock()
+	if r.reads[k] == rd {
+		delete(r.reads, k)
+	}
+	r.mu.Unlock()
+	return rd.end, rd.err
+}
+
+// watch returns the watch closed at key's next refund, and the function
 // to call if the caller stops watching before.
-func (r *refunds) watch(key string) (<-chan struct{}, func()) {
+func (r *refunds) watch(key string) (*refundWatch, func()) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m == nil {
@@ -150,7 +213,7 @@ func (r *refunds) watch(key string) (<-chan struct{}, func()) {
 		r.m[key] = w
 	}
 	w.n++
-	return w.ch, func() {
+	return w, func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if w.n--; w.n == 0 && r.m[key] == w {
@@ -184,6 +247,7 @@ func (r *refunds) wake(key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if w := r.m[key]; w != nil {
+		w.fired = time.Now()
 		close(w.ch)
 		delete(r.m, key)
 	}
@@ -208,19 +272,19 @@ func Wait(ctx context.Context, b Bucket, key string, cost Cost) (Reservation, er
 //
 // A slot a quarter of a second off or more may move up: a refund (a call
 // that used less than it reserved, such as an LLM call's unused
-// max_tokens) gives back capacity that the reservations queued behind it
-// were not given. A waiter whose slot is that far off asks the bucket,
-// with one read, where its slot now is: where the key's tokens, but for
-// those reserved after it, come out of debt. So every refund made since it
-// reserved, by any process, moves it up by what the refund is worth at the
-// key's rate, as if the refunded call had been charged only what it used,
-// and the queue keeps its order; a wait cancelled behind it moves it not
-// at all. It asks when this process refunds the key through a token bucket
-// (Redis, Local, or a Route of them) or tells it of a response that was no
-// refusal (Observe), and, for the refunds of the fleet's other processes,
-// which this one does not hear of, unasked after a quarter of what is left
-// of its wait, and at least half a second after it last asked: a wait of
-// 20 s with no refund reads its slot about a dozen times.
+// max_tokens) gives back capacity that the slots reserved before it did
+// not count on. A waiter whose slot is that far off asks the bucket, with
+// one read, where the end of the queue now is, and moves its slot up to it
+// if that is sooner: it is as if it had reserved anew behind every
+// reservation made so far. It asks when this process refunds the key
+// through a token bucket (Redis, Local, or a Route of them) or tells it of
+// a response that was no refusal (Observe), and, for the refunds of the
+// fleet's other processes, which this one does not hear of, unasked after
+// a quarter of what is left of its wait, and at least half a second after
+// it last asked: a wait of 20 s with no refund asks about a dozen times.
+// Before, with every goroutine asleep until its slot, what refunds gave
+// back went unused until then. A slot that a fail-open share gave (see
+// WithFailOpen) does not move.
 func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	if err := ctx.Err(); err != nil {
 		return Reservation{}, err
@@ -235,10 +299,10 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 	}
 	m, _ := b.(moveUp)
 	var r Reservation
-	var at place
 	var err error
+	movable := false
 	if m != nil {
-		r, at, err = m.reserveAt(ctx, key, cost, maxWait)
+		r, movable, err = m.reserveAt(ctx, key, cost, maxWait)
 	} else {
 		r, err = b.Reserve(ctx, key, cost, maxWait)
 	}
@@ -251,13 +315,17 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 	if r.Delay <= 0 {
 		return r, nil
 	}
-	if m != nil {
+	if m == nil {
+		err = wait.Sleep(ctx, r.Delay)
+	} else {
 		w := m.waiters(key)
 		w.sleep(1)
-		err = sleepMovingUp(ctx, m, key, cost, r.Delay, at)
+		if movable {
+			err = sleepMovingUp(ctx, m, key, cost, r.Delay)
+		} else {
+			err = wait.Sleep(ctx, r.Delay)
+		}
 		w.sleep(-1)
-	} else {
-		err = wait.Sleep(ctx, r.Delay)
 	}
 	if err == nil {
 		return r, nil
@@ -266,13 +334,7 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 	// caller can have it. The refund must outlive the cancelled ctx.
 	rctx, cancel := wait.Detached(ctx)
 	defer cancel()
-	var rerr error
-	if m != nil {
-		rerr = m.cancel(rctx, key, cost)
-	} else {
-		rerr = b.Adjust(rctx, key, cost.Neg())
-	}
-	if rerr != nil {
+	if rerr := b.Adjust(rctx, key, cost.Neg()); rerr != nil {
 		return r, errors.Join(ctx.Err(), rerr)
 	}
 	return r, ctx.Err()

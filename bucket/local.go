@@ -48,10 +48,6 @@ type localKey struct {
 	// remaining as well as its rate and burst (which rate and burst then
 	// hold): its tokens, NaN where there is none. nil: none at all.
 	provider []float64
-	// queued counts, per dimension, the millionths reserved, less those of
-	// cancelled waits, since the first reservation that might move up (nil
-	// before): a reservation's place in the queue (see earliest).
-	queued []int64
 }
 
 // prov returns dimension i's provider bucket: its tokens, rate and burst,
@@ -96,20 +92,33 @@ const minSweep = 1024
 
 // Reserve implements Bucket.
 func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
-	r, _, err := l.reserve(key, cost, maxWait)
+	r, err := l.reserve(key, cost, maxWait)
 	l.m.reserved(key, cost, r, err, servedLocal, false)
 	return r, err
 }
 
-// reserve is Reserve, with the reservation's place for a wait that may
-// move up.
-func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservation, place, error) {
+// reserveAt implements moveUp.
+func (l *Local) reserveAt(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, bool, error) {
+	r, err := l.reserve(key, cost, maxWait)
+	l.m.reserved(key, cost, r, err, servedLocal, true)
+	return r, true, err
+}
+
+// waiters implements moveUp.
+func (l *Local) waiters(string) *waiters {
+	if l.m == nil {
+		return nil
+	}
+	return &l.m.waiting
+}
+
+func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	if key == "" {
-		return Reservation{}, nil, ErrInvalidKey
+		return Reservation{}, ErrInvalidKey
 	}
 	for i := range l.dims {
 		if err := l.dims[i].checkCost(cost[l.dims[i].of]); err != nil {
-			return Reservation{}, nil, err
+			return Reservation{}, err
 		}
 	}
 	now := l.clock.Now()
@@ -132,7 +141,7 @@ func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservati
 	}
 	w := wait.Add(wait.Seconds(secs), max(k.last.Sub(now), 0))
 	if w > max(maxWait, 0) || w == Unlimited { // a wait of 292 years is none, as on Redis
-		return Reservation{RetryAfter: w, Epoch: k.epoch}, nil, nil
+		return Reservation{RetryAfter: w, Epoch: k.epoch}, nil
 	}
 	for i, d := range l.dims {
 		k.tokens[i] -= cost[d.of]
@@ -140,52 +149,13 @@ func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservati
 			k.provider[i] -= cost[d.of] // NaN stays NaN
 		}
 	}
-	var at place
-	if w == 0 {
-		k.queued = nil // no queue: the tokens were there (as on Redis)
-	} else if k.queued != nil || w >= minMoveUp {
-		if k.queued == nil {
-			k.queued = make([]int64, len(l.dims))
-		}
-		for i, d := range l.dims {
-			k.queued[i] += micro(cost[d.of])
-		}
-		if w >= minMoveUp {
-			at = slices.Clone(k.queued)
-		}
-	}
-	return Reservation{OK: true, Delay: w, Epoch: k.epoch}, at, nil
+	return Reservation{OK: true, Delay: w, Epoch: k.epoch}, nil
 }
-
-// micro is v in whole millionths.
-func micro(v float64) int64 { return int64(math.Round(v * 1e6)) }
 
 func (l *Local) refunds() *refunds { return &l.waiting }
 
-// reserveAt implements moveUp.
-func (l *Local) reserveAt(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, place, error) {
-	r, at, err := l.reserve(key, cost, maxWait)
-	l.m.reserved(key, cost, r, err, servedLocal, true)
-	return r, at, err
-}
-
-// waiters implements moveUp.
-func (l *Local) waiters(string) *waiters {
-	if l.m == nil {
-		return nil
-	}
-	return &l.m.waiting
-}
-
-// cancel implements moveUp.
-func (l *Local) cancel(_ context.Context, key string, cost Cost) error {
-	return l.adjust(key, cost.Neg(), true)
-}
-
-// earliest implements moveUp: where the key's tokens, but for what was
-// reserved after place at, come out of debt; with no place, or one the
-// key does not know (removed while idle since), the end of the queue.
-func (l *Local) earliest(_ context.Context, key string, cost Cost, at place) (time.Duration, error) {
+// earliest implements moveUp.
+func (l *Local) earliest(_ context.Context, key string, cost Cost) (time.Duration, error) {
 	if key == "" {
 		return 0, ErrInvalidKey
 	}
@@ -199,13 +169,9 @@ func (l *Local) earliest(_ context.Context, key string, cost Cost, at place) (ti
 		if cost[d.of] == 0 {
 			continue
 		}
-		var since float64 // reserved after at
-		if len(at) == len(l.dims) && k.queued != nil && k.queued[i] >= at[i] {
-			since = float64(k.queued[i]-at[i]) / 1e6
-		}
-		secs = max(secs, -(k.tokens[i]+since)/l.rate(k, i, f))
+		secs = max(secs, -k.tokens[i]/l.rate(k, i, f))
 		if pt, pr, _, ok := k.prov(i); ok {
-			secs = max(secs, -(pt+since)/pr)
+			secs = max(secs, -pt/pr)
 		}
 	}
 	return wait.Add(wait.Seconds(secs), max(k.last.Sub(now), 0)), nil
@@ -213,12 +179,6 @@ func (l *Local) earliest(_ context.Context, key string, cost Cost, at place) (ti
 
 // Adjust implements Bucket.
 func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
-	return l.adjust(key, delta, false)
-}
-
-// adjust is Adjust, of a cancelled wait's refund if cancelled: it leaves
-// the queue too.
-func (l *Local) adjust(key string, delta Cost, cancelled bool) error {
 	if key == "" {
 		return ErrInvalidKey
 	}
@@ -244,9 +204,6 @@ func (l *Local) adjust(key string, delta Cost, cancelled bool) error {
 			// Paused: the bucket stays empty at the pause's end, or what a
 			// refund gave back would go out all at once then.
 			k.tokens[i] = min(k.tokens[i], 0)
-		}
-		if cancelled && k.queued != nil {
-			k.queued[i] += micro(delta[d.of])
 		}
 	}
 	return nil

@@ -69,33 +69,19 @@ func (r *Redis) Adjust(ctx context.Context, key string, delta Cost) error {
 	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0], r.span, r.flags())
 }
 
-// reserveAt implements moveUp: Reserve, with the reservation's place.
-func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, place, error) {
+// reserveAt implements moveUp.
+func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, bool, error) {
 	return r.scripted.reserveAt(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
 }
 
-// cancel implements moveUp with one call to Redis: the refund takes the
-// reservation out of the queue's count too.
-func (r *Redis) cancel(ctx context.Context, key string, cost Cost) error {
-	return r.adjust(ctx, adjustScript, key, cost.Neg(), smallAmounts[1], r.span, r.flags())
-}
-
 // earliest implements moveUp with one call to Redis.
-func (r *Redis) earliest(ctx context.Context, key string, cost Cost, at place) (time.Duration, error) {
+func (r *Redis) earliest(ctx context.Context, key string, cost Cost) (time.Duration, error) {
 	keys, args, err := r.prepare(key, cost, true, false, smallAmounts[0], r.span, r.flags())
 	if err != nil || len(keys) == 0 {
 		return 0, err
 	}
-	// The amounts are the reservation's place in each queue (see queueScript).
-	n := len(keys) - 1
-	for i := range n {
-		v := any(-1)
-		if len(at) == n {
-			v = at[i]
-		}
-		args[3+3*i+2] = v
-	}
-	w, err := r.run(ctx, queueScript, keys, args...).Int64()
+	cmd := r.run(ctx, queueScript, keys, args...)
+	w, err := cmd.Int64()
 	if err != nil {
 		return 0, err
 	}

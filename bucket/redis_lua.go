@@ -14,9 +14,6 @@ package bucket
 //	cr  the lowest rate a process of the fleet is configured with, in
 //	    millionths per second, until crx (microseconds); cb, cbx the same
 //	    of the burst, in millionths (see pinned)
-//	q   the queue's count: the millionths reserved so far, less those given
-//	    back by reservations whose slot did not come (cancel), modulo
-//	    queueMod; a reservation's place in the queue (see queueScript)
 //
 // and one HASH per key, KEYS[1], for what the adaptive law needs:
 //
@@ -61,7 +58,6 @@ local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local span, law = tonumber(ARGV[2]), tonumber(ARGV[3]) % 2
 local cold = tonumber(ARGV[3]) >= 2
-local queueMod = 1125899906842624 -- 2^50: the count q wraps (see queued)
 local pausedTo = now -- the latest a dimension's ts may be (see above)
 local held = false -- a dimension is held below this process's limit (see pinned)
 local pinLive = false -- a dimension read has a pin that holds (see pinned)
@@ -138,7 +134,7 @@ local function refill(key, rate, burst, f, first)
   if exact then
     rate, f = -rate, 1
   end
-  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx', 'p', 'cr', 'crx', 'cb', 'cbx', 'q')
+  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx', 'p', 'cr', 'crx', 'cb', 'cbx')
   local pin
   rate, burst, pin = pinned(s, rate, burst)
   local crate, cburst = rate, burst
@@ -155,7 +151,7 @@ local function refill(key, rate, burst, f, first)
   if not s[1] then
     local tk = burst
     if cold and not exact then tk = math.min(burst, first) end
-    return rate, burst, tk, now, 0, false, nil, nil, nil, nil, pin, crate, cburst, nil
+    return rate, burst, tk, now, 0, false, nil, nil, nil, nil, pin, crate, cburst
   end
   local rx
   if learnt then rx = tonumber(s[6]) end
@@ -169,14 +165,14 @@ local function refill(key, rate, burst, f, first)
   if pr then
     pt = math.min(pb, (tonumber(s[7]) + el * pr) / 1e6)
   end
-  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt, rx, pin, crate, cburst, tonumber(s[12])
+  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt, rx, pin, crate, cburst
 end
 
 -- store writes tk, and the provider's pt if any, as of at, and pin (see
 -- pinned), extending the expiry if needed: past the time ours is full
 -- again, the provider's bucket (at pr up to pb) too, the report (until
--- rx), and the pin; and the queue's count q, if given (false: delete it).
-local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, q)
+-- rx), and the pin.
+local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
   local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
   local pinx = 0
   if pin then
@@ -190,23 +186,12 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, q)
   if rx then
     full = math.max(full, rx)
   end
-  local t = math.floor(tk * 1e6 + 0.5)
-  if q == false then
-    redis.call('HDEL', key, 'q')
-    q = nil
-  end
   if full > x or pinx > x then
     x = math.max(full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)), pinx)
-    if q then
-      redis.call('HSET', key, 't', t, 'ts', at, 'x', x, 'q', q)
-    else
-      redis.call('HSET', key, 't', t, 'ts', at, 'x', x)
-    end
+    redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at, 'x', x)
     redis.call('PEXPIREAT', key, math.ceil(x / 1000))
-  elseif q then
-    redis.call('HSET', key, 't', t, 'ts', at, 'q', q)
   else
-    redis.call('HSET', key, 't', t, 'ts', at)
+    redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at)
   end
 end
 
@@ -217,12 +202,6 @@ local function deficit(tk, rate)
     return 0
   end
   return math.ceil(-tk * 1e6 / rate)
-end
-
--- queued returns count q (nil: none yet) moved by amount tokens, modulo
--- queueMod.
-local function queued(q, amount)
-  return ((q or 0) + math.floor(amount * 1e6 + 0.5)) % queueMod
 end
 `
 
@@ -243,38 +222,21 @@ end
 // taken within ARGV[1] microseconds, all or nothing. It returns the wait in
 // microseconds (0 if the tokens were there), negated if nothing was taken
 // (a refused wait is always > 0), and the key's epoch, if not 0, then 1 if
-// a dimension is held below this process's limit (see pinned). A wait of a
-// quarter of a second or more (minMoveUp) replies {wait, epoch, held (0 or
-// 1)} and then each dimension key's count q after the reservation: its
-// place in the queue, for queueScript.
+// a dimension is held below this process's limit (see pinned).
 var reserveScript = newScript(luaCommon + `
 local f, epoch = fraction(span, law)
 local st, wait = {}, 0
 for i = 1, #KEYS - 1 do
   local amount = tonumber(ARGV[3*i+3])
-  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin, _, _, q = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
+  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
   tk = tk - amount
   local w = at - now + deficit(tk, rate)
   if pt then
     pt = pt - amount
     w = math.max(w, at - now + deficit(pt, pr))
   end
-  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, q}
+  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin}
   wait = math.max(wait, w)
-end
--- The count q is kept while the key has a queue that a reservation may
--- wait in long enough to move up: from the first such, until a
--- reservation finds its tokens there (no queue then: q goes).
-local counting = wait >= 250000
-for i, s in ipairs(st) do
-  counting = counting or s[11] ~= nil
-end
-for i, s in ipairs(st) do
-  if wait == 0 then
-    s[11] = s[11] and false -- false: delete it
-  elseif counting then
-    s[11] = queued(s[11], tonumber(ARGV[3*i+3]))
-  end
 end
 if wait > tonumber(ARGV[1]) then
   wait = -wait
@@ -292,14 +254,7 @@ if wait > tonumber(ARGV[1]) then
   end
 else
   for i, s in ipairs(st) do
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11])
-  end
-  if wait >= 250000 then
-    local out = {wait, epoch, held and 1 or 0}
-    for i, s in ipairs(st) do
-      out[i+3] = s[11]
-    end
-    return out
+    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10])
   end
 end
 if held then
@@ -312,19 +267,12 @@ return {wait, epoch}
 `)
 
 // adjustScript refills each dimension key, then subtracts its amount (a
-// negative amount refunds, never above burst). ARGV[1] is 1 for the refund
-// of a reservation whose slot did not come (a cancelled wait): it leaves
-// the queue, and the count q goes back by its amount.
+// negative amount refunds, never above burst). ARGV[1] is unused.
 var adjustScript = newScript(luaCommon + `
 local f = fraction(span, law)
 for i = 1, #KEYS - 1 do
   local key, amount = KEYS[i+1], tonumber(ARGV[3*i+3])
-  local rate, burst, tk, at, x, learnt, pr, pb, pt, rx, pin, _, _, q = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
-  if q and ARGV[1] == '1' then
-    q = queued(q, amount)
-  else
-    q = nil -- unchanged
-  end
+  local rate, burst, tk, at, x, learnt, pr, pb, pt, rx, pin = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   tk = math.min(burst, tk - amount)
   if pt then
     pt = math.min(pb, pt - amount)
@@ -333,7 +281,7 @@ for i = 1, #KEYS - 1 do
     tk = math.min(tk, 0) -- paused: empty at its end, or refunds would go out at once
   end
   if tk < burst or at > now or learnt or held or pinLive then
-    store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, q)
+    store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
   else
     redis.call('DEL', key) -- kept while pinned: it would lose the pin
   end
@@ -341,29 +289,16 @@ end
 return 1
 `)
 
-// queueScript returns, in microseconds, how long from now until a
-// reservation's slot comes, the pause and the provider's bucket counted,
-// changing nothing. The amount of each dimension key is the reservation's
-// place, the count q that reserveScript replied, or -1 if unknown. The
-// slot is where the key's tokens, less what was reserved since, come out
-// of debt: refunds since of reservations served before (calls that used
-// less than they reserved) moved it up. With no place, or one the hash
-// does not know (made anew since, or a count that went back past it), it
-// is the end of the queue: as if reserved now behind every reservation
-// made so far. ARGV[1] is unused.
+// queueScript returns, in microseconds, how long from now until the
+// amounts (ignored) of each dimension key could be taken if they were
+// reserved now behind every reservation made so far: the end of the
+// queue, the pause and the provider's bucket counted, changing nothing.
+// ARGV[1] is unused.
 var queueScript = newScript(luaCommon + `
 local f = fraction(span, law)
 local wait = 0
 for i = 1, #KEYS - 1 do
-  local rate, burst, tk, at, _, _, pr, _, pt, _, _, _, _, q = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
-  local place = tonumber(ARGV[3*i+3])
-  if q and place >= 0 then
-    local since = (q - place) % queueMod
-    if since <= queueMod / 2 then
-      tk = tk + since / 1e6
-      if pt then pt = pt + since / 1e6 end
-    end
-  end
+  local rate, burst, tk, at, _, _, pr, _, pt = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   local w = at - now + deficit(tk, rate)
   if pt then
     w = math.max(w, at - now + deficit(pt, pr))

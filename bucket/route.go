@@ -59,21 +59,13 @@ func (r *Routed) For(key string) Bucket {
 }
 
 // reserveAt implements moveUp on key's bucket.
-func (r *Routed) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, place, error) {
+func (r *Routed) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, bool, error) {
 	b := r.For(key)
 	if m, ok := b.(moveUp); ok {
 		return m.reserveAt(ctx, key, cost, maxWait)
 	}
 	res, err := b.Reserve(ctx, key, cost, maxWait)
-	return res, nil, err
-}
-
-// earliest implements moveUp on key's bucket, if it can.
-func (r *Routed) earliest(ctx context.Context, key string, cost Cost, at place) (time.Duration, error) {
-	if m, ok := r.For(key).(moveUp); ok {
-		return m.earliest(ctx, key, cost, at)
-	}
-	return Unlimited, nil
+	return res, false, err
 }
 
 // waiters implements moveUp: key's bucket's.
@@ -84,18 +76,12 @@ func (r *Routed) waiters(key string) *waiters {
 	return nil // its Reserve counts them
 }
 
-// cancel implements moveUp on key's bucket.
-func (r *Routed) cancel(ctx context.Context, key string, cost Cost) error {
-	var err error
+// earliest implements moveUp on key's bucket, if it can.
+func (r *Routed) earliest(ctx context.Context, key string, cost Cost) (time.Duration, error) {
 	if m, ok := r.For(key).(moveUp); ok {
-		err = m.cancel(ctx, key, cost)
-	} else {
-		err = r.For(key).Adjust(ctx, key, cost.Neg())
+		return m.earliest(ctx, key, cost)
 	}
-	if err == nil {
-		r.waiting.fire(key, cost.Neg())
-	}
-	return err
+	return Unlimited, nil
 }
 
 // refunds implements moveUp: the refunds made through the Routed bucket.

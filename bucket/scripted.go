@@ -115,18 +115,18 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 // extra, then the triples of prepare. The script replies with the wait in
 // microseconds, negated if it took nothing (a refused wait is always > 0).
 func (s *scripted) reserve(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, error) {
-	r, _, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
+	r, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
 	s.m.reserved(key, cost, r, err, by, false)
 	return r, err
 }
 
 // reserveAt is reserve for WaitMax, which counts its wait among the
-// waiters itself, with the reservation's place in the queue where the
-// script replied one (see queueScript).
-func (s *scripted) reserveAt(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, place, error) {
-	r, at, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
+// waiters itself; the slot may move up unless a fail-open share served
+// it, whose reservations Redis does not hold (see moveUp).
+func (s *scripted) reserveAt(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, bool, error) {
+	r, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
 	s.m.reserved(key, cost, r, err, by, true)
-	return r, at, err
+	return r, by != servedShare, err
 }
 
 // waiters implements moveUp: this bucket's waiters gauge, or nil.
@@ -137,29 +137,25 @@ func (s *scripted) waiters(string) *waiters {
 	return &s.m.waiting
 }
 
-// reserveBy is reserveAt, saying what served it.
-func (s *scripted) reserveBy(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, place, server, error) {
+// reserveBy is reserve, saying what served it.
+func (s *scripted) reserveBy(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, server, error) {
 	head := append([]any{scriptArg(float64(max(maxWait, 0).Microseconds()))}, extra...)
 	keys, args, err := s.prepare(key, cost, true, false, head...)
 	if err != nil || len(keys) == 0 {
-		return Reservation{OK: err == nil}, nil, servedRedis, err
+		return Reservation{OK: err == nil}, servedRedis, err
 	}
-	dims := len(keys)
-	if s.state {
-		dims--
-	}
-	w, epoch, held, at, err := reservation(s.run(ctx, script, keys, args...), dims)
+	w, epoch, held, err := reservation(s.run(ctx, script, keys, args...))
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
 			r, err := sh.reserve(ctx, key, cost, maxWait, !sent(err))
-			return r, nil, servedShare, err
+			return r, servedShare, err
 		}
-		return Reservation{}, nil, servedRedis, fmt.Errorf("bucket: redis reserve: %w", err)
+		return Reservation{}, servedRedis, fmt.Errorf("bucket: redis reserve: %w", err)
 	}
 	if w > max(maxWait, 0).Microseconds() {
 		// A reply the scripts never give (a proxy's, a server's bug): the
 		// caller's wait accounting must not trust it.
-		return Reservation{}, nil, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
+		return Reservation{}, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
 	}
 	if held {
 		s.warnHeld()
@@ -169,9 +165,9 @@ func (s *scripted) reserveBy(ctx context.Context, script *script, key string, co
 	}
 	s.fo.settle(ctx, s.debit, key)
 	if w < 0 {
-		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil, servedRedis, nil
+		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, servedRedis, nil
 	}
-	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, at, servedRedis, nil
+	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, servedRedis, nil
 }
 
 // micros converts n >= 0 microseconds to a Duration, saturated at the
@@ -185,51 +181,26 @@ func micros(n int64) time.Duration {
 
 // reservation reads a reserve script's reply: the wait in microseconds, or
 // the wait and the key's epoch, and then 1 if the key is held below this
-// process's limit; or, of a wait that may move up, the wait, the epoch,
-// held (0 or 1) and the place of the reservation in each of its dims
-// dimension keys' queues.
-func reservation(cmd *redis.Cmd, dims int) (w int64, epoch uint64, held bool, at place, err error) {
+// process's limit.
+func reservation(cmd *redis.Cmd) (w int64, epoch uint64, held bool, err error) {
 	v, err := cmd.Result()
 	if err != nil {
-		return 0, 0, false, nil, err
+		return 0, 0, false, err
 	}
 	switch v := v.(type) {
 	case int64:
-		return v, 0, false, nil, nil
+		return v, 0, false, nil
 	case []any:
-		if len(v) < 2 {
-			break
-		}
-		w, ok1 := v[0].(int64)
-		e, ok2 := v[1].(int64)
-		ok := ok1 && ok2 && e >= 0
-		switch {
-		case !ok:
-		case len(v) == 2 || len(v) == 3 && v[2] == int64(1):
-			return w, uint64(e), len(v) == 3, nil, nil
-		case len(v) == 3+dims && (v[2] == int64(0) || v[2] == int64(1)) && w >= 0:
-			at = make(place, dims)
-			for i := range at {
-				n, ok := v[3+i].(int64)
-				if !ok || n < 0 || n >= queueMod {
-					return 0, 0, false, nil, fmt.Errorf("unexpected reply %v", v)
-				}
-				at[i] = n
+		if len(v) == 2 || len(v) == 3 && v[2] == int64(1) {
+			w, ok1 := v[0].(int64)
+			e, ok2 := v[1].(int64)
+			if ok1 && ok2 && e >= 0 {
+				return w, uint64(e), len(v) == 3, nil
 			}
-			return w, uint64(e), v[2] == int64(1), at, nil
 		}
 	}
-	return 0, 0, false, nil, fmt.Errorf("unexpected reply %v", v)
+	return 0, 0, false, fmt.Errorf("unexpected reply %v", v)
 }
-
-// place is a reservation's place in the queue of each dimension key it
-// charged, in the order of prepare: the key's count q (see redis_lua.go)
-// just after it. nil: unknown (a share's reservation, or one that did not
-// wait long enough to move up).
-type place []int64
-
-// queueMod is the modulus of the scripts' count q.
-const queueMod = 1 << 50
 
 // warnHeld logs, at most once a minute, that Redis holds a key of this
 // bucket below this process's limits (see NewRedis).
