@@ -29,6 +29,10 @@ type Local struct {
 	mu      sync.Mutex
 	keys    map[string]*localKey
 	sweepAt int // len(keys) at which idle keys are next removed
+	// The key advance found last, and its state (nil if none, or swept):
+	// a program that uses one key, as most do, finds it with no lookup.
+	hotKey string
+	hot    *localKey
 }
 
 // localKey is one key's state: tokens per dimension (in the order of
@@ -491,9 +495,13 @@ func (l *Local) Tokens(key string) Cost {
 // advance returns key's state refilled up to now, creating it (see add).
 // l.mu must be held.
 func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
-	k, ok := l.keys[key]
-	if !ok {
-		k = l.add(key, now, first)
+	k := l.hot
+	if k == nil || key != l.hotKey {
+		var ok bool
+		if k, ok = l.keys[key]; !ok {
+			k = l.add(key, now, first)
+		}
+		l.hotKey, l.hot = key, k
 	}
 	if k.rate != nil {
 		for i, u := range k.reported {
@@ -587,6 +595,9 @@ func (l *Local) sweep(now time.Time) {
 		}
 		if full {
 			delete(l.keys, name)
+			if k == l.hot {
+				l.hot = nil
+			}
 		}
 	}
 	l.sweepAt = max(minSweep, 2*len(l.keys))
