@@ -93,14 +93,21 @@ func (c Cost) Neg() Cost {
 type dim struct {
 	name  string // unique in the bucket: a window's is "<of>/<its length>"
 	of    string // the dimension whose amount it takes: name, unless a window
+	win   bool   // of != name, known without comparing them on the hot path
 	limit Limit
 	// pre-formatted (and boxed) for the Redis scripts
 	burst any
 }
 
+// newDim returns dimension name, which takes the amount of dimension of
+// (itself, unless a window), limited to l.
+func newDim(name, of string, l Limit) dim {
+	return dim{name: name, of: of, win: of != name, limit: l, burst: scriptArg(l.Burst)}
+}
+
 // window reports whether d is a longer window of a dimension (WithWindow):
 // exact, it takes no part in the adaptive law.
-func (d dim) window() bool { return d.of != d.name }
+func (d dim) window() bool { return d.win }
 
 func (d dim) checkCost(v float64) error {
 	switch {

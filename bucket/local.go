@@ -17,6 +17,7 @@ import (
 // same semantics as Redis. Local is safe for concurrent use.
 type Local struct {
 	dims     []dim
+	base     []int // for each dimension, the one whose amount it takes: itself, or a window's dimension
 	clock    Clock
 	adapt    adaptation
 	start    func(key string) time.Time    // nil: keys start full; else empty, not before start(key) (a share)
@@ -28,6 +29,10 @@ type Local struct {
 	mu      sync.Mutex
 	keys    map[string]*localKey
 	sweepAt int // len(keys) at which idle keys are next removed
+	// The key advance found last, and its state (nil if none, or swept):
+	// a program that uses one key, as most do, finds it with no lookup.
+	hotKey string
+	hot    *localKey
 }
 
 // localKey is one key's state: tokens per dimension (in the order of
@@ -84,23 +89,28 @@ func newLocal(dims []dim, clk Clock, policy adaptive.Policy, start func(string) 
 			maxDebit[i] = d.limit.Burst
 		}
 	}
-	return &Local{dims: dims, clock: clk, adapt: newAdaptation(policy, dims), start: start, maxDebit: maxDebit,
+	base := make([]int, len(dims))
+	for i, d := range dims {
+		base[i] = slices.IndexFunc(dims, func(e dim) bool { return e.name == d.of })
+	}
+	return &Local{dims: dims, base: base, clock: clk, adapt: newAdaptation(policy, dims), start: start, maxDebit: maxDebit,
 		keys: make(map[string]*localKey), sweepAt: minSweep}
 }
 
 const minSweep = 1024
 
+// inlineDims is how many dimensions a Local reads a cost into without
+// allocating.
+const inlineDims = 8
+
 // Reserve implements Bucket.
 func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
-	r, err := l.reserve(key, cost, maxWait)
-	l.m.reserved(key, cost, r, err, servedLocal, false)
-	return r, err
+	return l.reserve(key, cost, maxWait, false)
 }
 
 // reserveAt implements moveUp.
 func (l *Local) reserveAt(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, bool, error) {
-	r, err := l.reserve(key, cost, maxWait)
-	l.m.reserved(key, cost, r, err, servedLocal, true)
+	r, err := l.reserve(key, cost, maxWait, true)
 	return r, true, err
 }
 
@@ -112,23 +122,26 @@ func (l *Local) waiters(string) *waiters {
 	return &l.m.waiting
 }
 
-func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservation, error) {
+// reserve is Reserve, recording it (see meters.reserved on counted).
+func (l *Local) reserve(key string, cost Cost, maxWait time.Duration, counted bool) (Reservation, error) {
 	if key == "" {
-		return Reservation{}, ErrInvalidKey
+		return l.invalid(key, cost, ErrInvalidKey)
 	}
-	for i := range l.dims {
-		if err := l.dims[i].checkCost(cost[l.dims[i].of]); err != nil {
-			return Reservation{}, err
+	var buf [inlineDims]float64
+	a := l.amounts(cost, buf[:])
+	for i, v := range a {
+		if d := &l.dims[i]; !(v >= 0 && v <= d.limit.Burst) { // NaN and infinities fail too
+			return l.invalid(key, cost, d.checkCost(v))
 		}
 	}
 	now := l.clock.Now()
+	// Unlocked by hand: nothing in between panics, and a deferred unlock
+	// costs a twentieth of the call.
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	k := l.advance(key, now, cost)
+	k := l.advance(key, now, a)
 	f := l.fraction(k, now)
-	var secs float64 // the wait, in seconds after k.last
-	for i, d := range l.dims {
-		c := cost[d.of]
+	var secs float64 // in seconds after k.last
+	for i, c := range a {
 		if c == 0 {
 			continue // a dimension not charged is not held back by its debt
 		}
@@ -139,17 +152,56 @@ func (l *Local) reserve(key string, cost Cost, maxWait time.Duration) (Reservati
 			secs = max(secs, (c-pt)/pr)
 		}
 	}
-	w := wait.Add(wait.Seconds(secs), max(k.last.Sub(now), 0))
-	if w > max(maxWait, 0) || w == Unlimited { // a wait of 292 years is none, as on Redis
-		return Reservation{RetryAfter: w, Epoch: k.epoch}, nil
+	// Advanced, k is at now unless paused: the comparison, inlined, saves
+	// the call of Sub on every reservation.
+	var paused time.Duration // until k.last
+	if k.last != now {
+		paused = max(k.last.Sub(now), 0)
 	}
-	for i, d := range l.dims {
-		k.tokens[i] -= cost[d.of]
-		if k.provider != nil {
-			k.provider[i] -= cost[d.of] // NaN stays NaN
+	w := wait.Add(wait.Seconds(secs), paused)
+	r := Reservation{OK: true, Delay: w, Epoch: k.epoch}
+	if w > max(maxWait, 0) || w == Unlimited { // a wait of 292 years is none, as on Redis
+		r = Reservation{RetryAfter: w, Epoch: k.epoch}
+	} else {
+		for i, c := range a {
+			k.tokens[i] -= c
+			if k.provider != nil {
+				k.provider[i] -= c // NaN stays NaN
+			}
 		}
 	}
-	return Reservation{OK: true, Delay: w, Epoch: k.epoch}, nil
+	l.mu.Unlock()
+	if l.m != nil {
+		l.m.reserved(key, cost, r, nil, servedLocal, counted)
+	}
+	return r, nil
+}
+
+// amounts returns c's amount for each of l's dimensions, in their order,
+// each read once (a window takes its dimension's); in buf if it is long
+// enough.
+func (l *Local) amounts(c Cost, buf []float64) []float64 {
+	a := buf
+	if len(a) < len(l.dims) {
+		a = make([]float64, len(l.dims))
+	}
+	a = a[:len(l.dims)]
+	for i := range l.dims {
+		if j := l.base[i]; j < i {
+			a[i] = a[j]
+		} else {
+			a[i] = c[l.dims[i].of]
+		}
+	}
+	return a
+}
+
+// invalid is Reserve's return of err, a cost or key it cannot take.
+func (l *Local) invalid(key string, cost Cost, err error) (Reservation, error) {
+	if l.m != nil {
+		l.m.reserved(key, cost, Reservation{}, err, servedLocal, false)
+	}
+	return Reservation{}, err
 }
 
 func (l *Local) refunds() *refunds { return &l.waiting }
@@ -159,14 +211,16 @@ func (l *Local) earliest(_ context.Context, key string, cost Cost) (time.Duratio
 	if key == "" {
 		return 0, ErrInvalidKey
 	}
+	var buf [inlineDims]float64
+	a := l.amounts(cost, buf[:])
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.advance(key, now, nil)
 	f := l.fraction(k, now)
 	var secs float64 // after k.last
-	for i, d := range l.dims {
-		if cost[d.of] == 0 {
+	for i, c := range a {
+		if c == 0 {
 			continue
 		}
 		secs = max(secs, -k.tokens[i]/l.rate(k, i, f))
@@ -189,13 +243,15 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 	}
 	l.m.adjusted(key, delta)
 	defer l.waiting.fire(key, delta) // after the refund, once l.mu is released
+	var buf [inlineDims]float64
+	a := l.amounts(delta, buf[:])
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.advance(key, now, nil)
 	for i, d := range l.dims {
 		// A debit takes at most a burst: no call can cost more (see Adjust).
-		debit := min(delta[d.of], l.maxDebit[i])
+		debit := min(a[i], l.maxDebit[i])
 		k.tokens[i] = min(k.tokens[i]-debit, l.burst(k, i, l.fraction(k, now)))
 		if _, _, pb, ok := k.prov(i); ok {
 			k.provider[i] = min(k.provider[i]-debit, pb)
@@ -363,8 +419,13 @@ func (l *Local) Rate(key string) Cost {
 // fraction is the share of its ceiling k's rate is at now.
 func (l *Local) fraction(k *localKey, now time.Time) float64 {
 	if k.decreased.IsZero() {
-		return 1
+		return 1 // inlined: most keys never decrease
 	}
+	return l.decreasedFraction(k, now)
+}
+
+// decreasedFraction is fraction for a key whose rate has decreased.
+func (l *Local) decreasedFraction(k *localKey, now time.Time) float64 {
 	return law.Fraction(l.adapt.policy, k.after, now.Sub(k.decreased), l.adapt.span)
 }
 
@@ -450,42 +511,16 @@ func (l *Local) Tokens(key string) Cost {
 	return c
 }
 
-// advance returns key's state refilled up to now, creating it full; or
-// under a ColdStart policy empty, but for first, the cost of the
-// reservation that creates it (nil if none does). l.mu must be held.
-func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
-	k, ok := l.keys[key]
-	if !ok {
-		l.sweep(now)
-		k = &localKey{tokens: make([]float64, len(l.dims)), last: now}
-		if l.start != nil {
-			if t := l.start(key); t.After(now) {
-				k.last = t
-			}
+// advance returns key's state refilled up to now, creating it (see add).
+// l.mu must be held.
+func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
+	k := l.hot
+	if k == nil || key != l.hotKey {
+		var ok bool
+		if k, ok = l.keys[key]; !ok {
+			k = l.add(key, now, first)
 		}
-		for i, d := range l.dims {
-			switch {
-			case d.window():
-				// Full, in a share too: empty, it would hold the fleet to
-				// its refill, a day's for a daily window. But a share
-				// after another takes up the last one's: a flapping Redis
-				// must not hand out a day each time.
-				k.tokens[i] = d.limit.Burst
-				if l.windows != nil {
-					if c, ok := l.windows(key); ok {
-						k.tokens[i] = min(k.tokens[i], c[d.name])
-					}
-				}
-			case l.start != nil:
-				k.tokens[i] = 0
-			case l.adapt.policy.ColdStart:
-				k.tokens[i] = min(d.limit.Burst, first[d.of])
-			default:
-				k.tokens[i] = d.limit.Burst
-			}
-		}
-		l.keys[key] = k
-		return k
+		l.hotKey, l.hot = key, k
 	}
 	if k.rate != nil {
 		for i, u := range k.reported {
@@ -494,7 +529,19 @@ func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 			}
 		}
 	}
-	if elapsed := now.Sub(k.last).Seconds(); elapsed > 0 {
+	elapsed := now.Sub(k.last).Seconds()
+	switch {
+	case elapsed <= 0:
+		return k
+	case k.rate == nil && k.decreased.IsZero():
+		// What most keys are: every rate and burst is its limit's
+		// (l.rate and l.burst at fraction 1, with no report), and
+		// there is no provider bucket (observe makes it with k.rate).
+		for i := range l.dims {
+			lim := &l.dims[i].limit
+			k.tokens[i] = min(k.tokens[i]+elapsed*lim.Rate, lim.Burst)
+		}
+	default:
 		f := l.fraction(k, now)
 		for i := range l.dims {
 			k.tokens[i] = min(k.tokens[i]+elapsed*l.rate(k, i, f), l.burst(k, i, f))
@@ -502,8 +549,46 @@ func (l *Local) advance(key string, now time.Time, first Cost) *localKey {
 				k.provider[i] = min(pt+elapsed*pr, pb)
 			}
 		}
-		k.last = now
 	}
+	k.last = now
+	return k
+}
+
+// add makes and keeps key's state as of now: full; or under a ColdStart policy
+// empty, but for first, the amounts (by dimension) of the reservation that
+// creates it (nil if none does). l.mu must be held.
+func (l *Local) add(key string, now time.Time, first []float64) *localKey {
+	l.sweep(now)
+	k := &localKey{tokens: make([]float64, len(l.dims)), last: now}
+	if l.start != nil {
+		if t := l.start(key); t.After(now) {
+			k.last = t
+		}
+	}
+	for i, d := range l.dims {
+		switch {
+		case d.window():
+			// Full, in a share too: empty, it would hold the fleet to
+			// its refill, a day's for a daily window. But a share
+			// after another takes up the last one's: a flapping Redis
+			// must not hand out a day each time.
+			k.tokens[i] = d.limit.Burst
+			if l.windows != nil {
+				if c, ok := l.windows(key); ok {
+					k.tokens[i] = min(k.tokens[i], c[d.name])
+				}
+			}
+		case l.start != nil:
+			k.tokens[i] = 0
+		case l.adapt.policy.ColdStart && first != nil:
+			k.tokens[i] = min(d.limit.Burst, first[i])
+		case l.adapt.policy.ColdStart:
+			k.tokens[i] = 0
+		default:
+			k.tokens[i] = d.limit.Burst
+		}
+	}
+	l.keys[key] = k
 	return k
 }
 
@@ -529,6 +614,9 @@ func (l *Local) sweep(now time.Time) {
 		}
 		if full {
 			delete(l.keys, name)
+			if k == l.hot {
+				l.hot = nil
+			}
 		}
 	}
 	l.sweepAt = max(minSweep, 2*len(l.keys))

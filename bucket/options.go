@@ -162,12 +162,7 @@ func newConfig(backend backends, ctor string, requests Limit, opts []Option) (co
 		if name == "" {
 			panic(&LimitError{Limit: l, Reason: "dimension name is empty"})
 		}
-		dims = append(dims, dim{
-			name:  name,
-			of:    name,
-			limit: l,
-			burst: scriptArg(l.Burst),
-		})
+		dims = append(dims, newDim(name, name, l))
 	}
 	for _, w := range c.windows {
 		if err := w.limit.Validate(); err != nil {
@@ -182,7 +177,7 @@ func newConfig(backend backends, ctor string, requests Limit, opts []Option) (co
 		if slices.ContainsFunc(dims, func(d dim) bool { return d.name == name }) {
 			panic(&LimitError{Dim: w.of, Limit: w.limit, Reason: "a second window of the same length"})
 		}
-		dims = append(dims, dim{name: name, of: w.of, limit: w.limit, burst: scriptArg(w.limit.Burst)})
+		dims = append(dims, newDim(name, w.of, w.limit))
 	}
 	sort.Slice(dims, func(i, j int) bool { return dims[i].name < dims[j].name })
 	return c, dims

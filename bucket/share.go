@@ -168,7 +168,7 @@ func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func
 	bursts := make([]float64, len(dims))
 	for i, d := range dims {
 		l := Limit{Rate: d.limit.Rate / float64(n), Burst: d.limit.Burst / float64(n)}
-		parts[i] = dim{name: d.name, of: d.of, limit: l, burst: scriptArg(l.Burst)}
+		parts[i] = newDim(d.name, d.of, l)
 		bursts[i] = d.limit.Burst
 	}
 	s := &share{members: n, local: newLocal(parts, clk, policy, start, bursts), owed: map[string]Cost{}}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -231,6 +233,36 @@ func TestLocalForgetsIdleKeys(t *testing.T) {
 		clk.Advance(10 * time.Millisecond) // keys refill within 1 s
 	}
 	assert.Less(t, b.Len(), 2048, "idle full keys are forgotten")
+}
+
+// TestLocalKeysKeepTheirState: Local finds the key it found last without a
+// lookup; whichever keys come in turn, each has its own tokens, and one
+// forgotten while idle comes back full.
+func TestLocalKeysKeepTheirState(t *testing.T) {
+	clk := &fakeClock{t: epoch}
+	b := bucket.NewLocal(bucket.PerSecond(10), bucket.WithClock(clk))
+	ctx := context.Background()
+	for _, key := range []string{"a", "b", "a", "a", "b", "a", strings.Clone("a"), strings.Clone("b")} {
+		r, err := b.Reserve(ctx, key, bucket.N(1), 0)
+		require.NoError(t, err)
+		require.True(t, r.OK)
+	}
+	assert.Equal(t, bucket.Cost{bucket.Requests: 5}, b.Tokens("a"))
+	assert.Equal(t, bucket.Cost{bucket.Requests: 7}, b.Tokens("b"))
+
+	clk.Advance(time.Second) // both full again, and idle
+	for i := range 2000 {    // enough new keys to sweep the full ones
+		_, err := b.Reserve(ctx, "k"+strconv.Itoa(i), bucket.N(0), 0)
+		require.NoError(t, err)
+	}
+	require.Less(t, b.Len(), 2000, "swept")
+	r, err := b.Reserve(ctx, "a", bucket.N(10), 0)
+	require.NoError(t, err)
+	assert.True(t, r.OK, "a forgotten key starts full")
+	r, err = b.Reserve(ctx, "a", bucket.N(1), 0)
+	require.NoError(t, err)
+	assert.False(t, r.OK, "and keeps what it spent")
+	assert.Equal(t, bucket.Cost{bucket.Requests: 10}, b.Tokens("b"))
 }
 
 // TestRefundMovesSlotsUp: a refund gives back capacity that the slots

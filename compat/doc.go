@@ -4,5 +4,6 @@
 // go-retryablehttp, go-redis/redis_rate and golang.org/x/time/rate measured
 // against it. Each directory holds the tests of the sluice package of the
 // same path; they use only sluice's exported API and its internal test
-// helpers.
+// helpers. internal/reserveloop is the loop whose instructions callgrind
+// counts beside x/time/rate's (docs/performance.md).
 package compat
