@@ -73,7 +73,7 @@ func TestRedisCluster(t *testing.T) {
 
 	lim := bucket.Limit{Rate: 200, Burst: 20}
 	b := bucket.NewRedis(rdb, lim)
-	var admitted atomic.Int64
+	var admitted, refused atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
 	end := start.Add(time.Second)
@@ -86,12 +86,23 @@ func TestRedisCluster(t *testing.T) {
 				}
 				if r.OK {
 					admitted.Add(1)
+				} else {
+					refused.Add(1)
 				}
 			}
 		})
 	}
 	wg.Wait()
-	assertConserved(t, lim, admitted.Load(), time.Since(start), "cluster")
+	span := time.Since(start)
+	if refused.Load() >= 4*admitted.Load() {
+		assertConserved(t, lim, admitted.Load(), span, "cluster")
+	} else {
+		// The fleet did not keep the key saturated (a loaded machine: two
+		// hogs and another package's tests made 16 goroutines offer too
+		// few calls): only the bound holds.
+		t.Logf("cluster: admitted %d, refused %d: not saturated, the lower bound does not apply", admitted.Load(), refused.Load())
+		assert.LessOrEqual(t, float64(admitted.Load()), lim.Burst+lim.Rate*span.Seconds()+1)
+	}
 
 	// An InFlight's keys share a slot, and its waiters are woken through a
 	// channel whose node is not the key's: Redis Cluster carries the

@@ -244,7 +244,11 @@ func (s *stateLog) get() []string {
 func TestBreakerBoundsOutageCost(t *testing.T) {
 	verifyNoLeaks(t)
 	fake := startFakeRedis(t, "")
-	const timeout, period, contact = 50 * time.Millisecond, 300 * time.Millisecond, 5 * time.Second
+	// The period is long enough that the 200 calls run while the breaker
+	// is open, on a loaded machine too: at 300 ms, with two hogs and
+	// another package's tests running, it went half-open before they
+	// began, and their probe took a contact's 5 s.
+	const timeout, period, contact = 50 * time.Millisecond, 2 * time.Second, 5 * time.Second
 	var states stateLog
 	b := bucket.NewRedis(fastClient(t, fake.addr), bucket.PerSecond(1000),
 		bucket.WithRedisTimeout(timeout),
