@@ -2,7 +2,9 @@ package bucket_test
 
 import (
 	"context"
+	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,12 +21,18 @@ import (
 // The benchmarks compare each backend with its peer in one run, at 1, 8 and
 // 64 goroutines, on one hot key that always admits (the write path):
 //
-//	go test -run '^$' -bench . -benchtime 2s ./compat/bucket
+//	go test -run '^$' -bench . -benchtime 1s -count 5 ./compat/bucket
 //
 // Redis Reserve against go-redis/redis_rate AllowN and a trivial EVALSHA
 // (the round-trip floor); Local Reserve against x/time/rate ReserveN. They
 // live here, not in sluice's bucket package, so that each ratio comes from
 // one run and the library's module needs neither peer.
+//
+// Every Redis benchmark reports, from the server's INFO commandstats, the
+// script calls (EVAL, EVALSHA, FCALL) per decision (scripts/op) and their
+// CPU time per decision (redis-us/op); a sluice benchmark fails if its
+// fail-open fallback served any decision, for a benchmark of the fallback
+// would look fast without an error.
 
 var goroutineCounts = []int{1, 8, 64}
 
@@ -45,6 +53,70 @@ func parallel(b *testing.B, g int, fn func()) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
 }
 
+// onRedis is parallel for a benchmark of rdb's server: it reports the
+// script calls per decision and their CPU time per decision, read from
+// INFO commandstats before and after.
+func onRedis(b *testing.B, rdb *redis.Client, g int, fn func()) {
+	calls0, usec0 := scriptStats(b, rdb)
+	parallel(b, g, fn)
+	b.StopTimer()
+	calls, usec := scriptStats(b, rdb)
+	b.ReportMetric(float64(calls-calls0)/float64(b.N), "scripts/op")
+	b.ReportMetric(float64(usec-usec0)/float64(b.N), "redis-us/op")
+}
+
+// scriptStats returns the script calls rdb's server has served (EVAL,
+// EVALSHA, FCALL and their read-only forms) and the CPU time they took,
+// in microseconds.
+func scriptStats(b *testing.B, rdb *redis.Client) (calls, usec int64) {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		switch name {
+		case "cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall", "cmdstat_fcall_ro":
+		default:
+			continue
+		}
+		if !ok {
+			continue
+		}
+		for field := range strings.SplitSeq(stats, ",") {
+			k, v, _ := strings.Cut(field, "=")
+			n, err := strconv.ParseInt(v, 10, 64)
+			switch {
+			case k != "calls" && k != "usec":
+			case err != nil:
+				b.Fatalf("commandstats %s: %v", line, err)
+			case k == "calls":
+				calls += n
+			default:
+				usec += n
+			}
+		}
+	}
+	return calls, usec
+}
+
+// fallbacks counts the decisions a sluice bucket's fail-open fallback
+// made: their Epoch is the largest (the share bucket's, see
+// bucket.WithFailOpen). check fails b if there were any.
+type fallbacks struct{ n atomic.Int64 }
+
+func (f *fallbacks) count(r bucket.Reservation) {
+	if r.Epoch == math.MaxUint64 {
+		f.n.Add(1)
+	}
+}
+
+func (f *fallbacks) check(b *testing.B) {
+	if n := f.n.Load(); n > 0 {
+		b.Fatalf("the fail-open fallback served %d of %d decisions: this measured the share bucket, not Redis", n, b.N)
+	}
+}
+
 func benchClient(b *testing.B) *redis.Client {
 	rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(b), PoolSize: 64})
 	b.Cleanup(func() { rdb.Close() })
@@ -61,25 +133,33 @@ func BenchmarkRedis(b *testing.B) {
 		b.Run("sluice_Reserve/"+gs, func(b *testing.B) {
 			bk := bucket.NewRedis(rdb, huge)
 			cost := bucket.N(1)
-			parallel(b, g, func() {
-				if _, err := bk.Reserve(ctx, "bench", cost, 0); err != nil {
+			var fb fallbacks
+			onRedis(b, rdb, g, func() {
+				r, err := bk.Reserve(ctx, "bench", cost, 0)
+				if err != nil {
 					b.Error(err)
 				}
+				fb.count(r)
 			})
+			fb.check(b)
 		})
 		b.Run("sluice_Reserve_2dims/"+gs, func(b *testing.B) {
 			bk := bucket.NewRedis(rdb, huge, bucket.WithLimit(bucket.Tokens, huge))
 			cost := bucket.Cost{bucket.Requests: 1, bucket.Tokens: 500}
-			parallel(b, g, func() {
-				if _, err := bk.Reserve(ctx, "bench2", cost, 0); err != nil {
+			var fb fallbacks
+			onRedis(b, rdb, g, func() {
+				r, err := bk.Reserve(ctx, "bench2", cost, 0)
+				if err != nil {
 					b.Error(err)
 				}
+				fb.count(r)
 			})
+			fb.check(b)
 		})
 		b.Run("redis_rate_AllowN/"+gs, func(b *testing.B) {
 			lim := redis_rate.NewLimiter(rdb)
 			l := redis_rate.Limit{Rate: 1e6, Burst: 1e6, Period: time.Second}
-			parallel(b, g, func() {
+			onRedis(b, rdb, g, func() {
 				if _, err := lim.AllowN(ctx, "bench", l, 1); err != nil {
 					b.Error(err)
 				}
@@ -87,7 +167,7 @@ func BenchmarkRedis(b *testing.B) {
 		})
 		b.Run("EVALSHA_return_1/"+gs, func(b *testing.B) {
 			keys := []string{"bench-trivial"}
-			parallel(b, g, func() {
+			onRedis(b, rdb, g, func() {
 				if err := trivial.Run(ctx, rdb, keys).Err(); err != nil {
 					b.Error(err)
 				}
