@@ -60,13 +60,16 @@ type Reservation struct {
 // gauge that waiters returns, and says whether the slot may move up (not
 // a fail-open share's, which Redis does not hold); earliest tells how
 // long until cost could be taken from key if it were reserved now, behind
-// every reservation so far, changing nothing (the end of the queue); and
-// refunds signals the refunds made to a key through the bucket.
+// every reservation so far, changing nothing (the end of the queue);
+// refunds signals the refunds made to a key through the bucket; and
+// shared tells whether other processes charge key too (their refunds are
+// heard of only by reading the queue again).
 type moveUp interface {
 	reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (r Reservation, movable bool, err error)
 	earliest(ctx context.Context, key string, cost Cost) (time.Duration, error)
 	refunds() *refunds
 	waiters(key string) *waiters // nil: no metrics
+	shared(key string) bool
 }
 
 // minMoveUp is the least wait that may move up.
@@ -91,8 +94,14 @@ func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay t
 	slot := time.Now().Add(delay)
 	t := time.NewTimer(delay)
 	defer t.Stop()
+	// Only a key that other processes charge is read again unasked: this
+	// process hears of each of its own refunds.
+	fleet := m.shared(key)
 	again := time.NewTimer(recheck(delay))
 	defer again.Stop()
+	if !fleet {
+		again.Stop()
+	}
 	class := chargedClass(cost)
 	read := func(ctx context.Context) (time.Duration, error) { return m.earliest(ctx, key, cost) }
 	for {
@@ -125,7 +134,9 @@ func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay t
 			slot = at
 			t.Reset(time.Until(at))
 		}
-		again.Reset(recheck(time.Until(slot)))
+		if fleet {
+			again.Reset(recheck(time.Until(slot)))
+		}
 	}
 }
 
@@ -278,13 +289,14 @@ func Wait(ctx context.Context, b Bucket, key string, cost Cost) (Reservation, er
 // if that is sooner: it is as if it had reserved anew behind every
 // reservation made so far. It asks when this process refunds the key
 // through a token bucket (Redis, Local, or a Route of them) or tells it of
-// a response that was no refusal (Observe), and, for the refunds of the
-// fleet's other processes, which this one does not hear of, unasked after
-// a quarter of what is left of its wait, and at least half a second after
-// it last asked: a wait of 20 s with no refund asks about a dozen times.
-// Before, with every goroutine asleep until its slot, what refunds gave
-// back went unused until then. A slot that a fail-open share gave (see
-// WithFailOpen) does not move.
+// a response that was no refusal (Observe); and, on Redis, for the
+// refunds of the fleet's other processes, which this one does not hear
+// of, unasked after a quarter of what is left of its wait and at least
+// half a second after it last asked (a wait of 20 s with no refund asks
+// about a dozen times). The waiters of a key that one event wakes share
+// one read. Before, with every goroutine asleep until its slot, what
+// refunds gave back went unused until then. A slot that a fail-open share
+// gave (see WithFailOpen) does not move.
 func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	if err := ctx.Err(); err != nil {
 		return Reservation{}, err

@@ -114,6 +114,9 @@ func (l *Local) reserveAt(_ context.Context, key string, cost Cost, maxWait time
 	return r, true, err
 }
 
+// shared implements moveUp: a Local's keys are this process's.
+func (l *Local) shared(string) bool { return false }
+
 // waiters implements moveUp.
 func (l *Local) waiters(string) *waiters {
 	if l.m == nil {

@@ -68,6 +68,12 @@ func (r *Routed) reserveAt(ctx context.Context, key string, cost Cost, maxWait t
 	return res, false, err
 }
 
+// shared implements moveUp: key's bucket's.
+func (r *Routed) shared(key string) bool {
+	m, ok := r.For(key).(moveUp)
+	return !ok || m.shared(key)
+}
+
 // waiters implements moveUp: key's bucket's.
 func (r *Routed) waiters(key string) *waiters {
 	if m, ok := r.For(key).(moveUp); ok {

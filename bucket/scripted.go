@@ -129,6 +129,9 @@ func (s *scripted) reserveAt(ctx context.Context, script *script, key string, co
 	return r, by != servedShare, err
 }
 
+// shared implements moveUp: the fleet charges a key on Redis.
+func (s *scripted) shared(string) bool { return true }
+
 // waiters implements moveUp: this bucket's waiters gauge, or nil.
 func (s *scripted) waiters(string) *waiters {
 	if s.m == nil {
