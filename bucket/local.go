@@ -118,12 +118,7 @@ func (l *Local) reserveAt(_ context.Context, key string, cost Cost, maxWait time
 func (l *Local) shared(string) bool { return false }
 
 // waiters implements moveUp.
-func (l *Local) waiters(string) *waiters {
-	if l.m == nil {
-		return nil
-	}
-	return &l.m.waiting
-}
+func (l *Local) waiters(string) *waiters { return l.m.waiters() }
 
 // reserve is Reserve, recording it (see meters.reserved on counted).
 func (l *Local) reserve(key string, cost Cost, maxWait time.Duration, counted bool) (Reservation, error) {

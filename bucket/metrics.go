@@ -426,6 +426,14 @@ type waiters struct {
 	sleeping atomic.Int64
 }
 
+// waiters returns m's waiters gauge, or nil if m is (no metrics).
+func (m *meters) waiters() *waiters {
+	if m == nil {
+		return nil
+	}
+	return &m.waiting
+}
+
 // sleep counts a WaitMax's wait, n = 1 as it begins and -1 as it ends. w
 // may be nil (no metrics).
 func (w *waiters) sleep(n int64) {

@@ -133,12 +133,7 @@ func (s *scripted) reserveAt(ctx context.Context, script *script, key string, co
 func (s *scripted) shared(string) bool { return true }
 
 // waiters implements moveUp: this bucket's waiters gauge, or nil.
-func (s *scripted) waiters(string) *waiters {
-	if s.m == nil {
-		return nil
-	}
-	return &s.m.waiting
-}
+func (s *scripted) waiters(string) *waiters { return s.m.waiters() }
 
 // reserveBy is reserve, saying what served it.
 func (s *scripted) reserveBy(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, server, error) {
