@@ -58,18 +58,110 @@ type Reservation struct {
 // moveUp is a bucket whose reservations' slots may move up (see WaitMax):
 // reserveAt is Reserve for WaitMax, which counts its wait in the waiters
 // gauge that waiters returns, and says whether the slot may move up (not
-// a fail-open share's, which Redis does not hold); earliest tells how
-// long until cost could be taken from key if it were reserved now, behind
-// every reservation so far, changing nothing (the end of the queue);
-// refunds signals the refunds made to a key through the bucket; and
-// shared tells whether other processes charge key too (their refunds are
-// heard of only by reading the queue again).
+// a fail-open share's, which Redis does not hold) and, where the bucket
+// keeps them, its place; earliest reads key's queue for cost, changing
+// nothing; refunds signals the refunds made to a key through the bucket;
+// and shared tells whether other processes charge key too (their refunds
+// are heard of only by reading the queue again).
 type moveUp interface {
-	reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (r Reservation, movable bool, err error)
-	earliest(ctx context.Context, key string, cost Cost) (time.Duration, error)
+	reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error)
+	earliest(ctx context.Context, key string, cost Cost) (queue, error)
 	refunds() *refunds
 	waiters(key string) *waiters // nil: no metrics
 	shared(key string) bool
+}
+
+// slotMove says whether a reservation's slot may move up, and on what it
+// rests: its place in each token bucket its cost charges (nil where the
+// bucket keeps none).
+type slotMove struct {
+	movable bool
+	place   []constraint
+}
+
+// queue is a read of a key's queue (moveUp.earliest): end, when the cost
+// could be taken if it were reserved now, behind every reservation so far;
+// and, where the bucket keeps places, the end and the credit of each token
+// bucket the cost charges, in the order of the reservations' places.
+type queue struct {
+	end  time.Time
+	cons []constraint
+}
+
+// constraint is a token bucket that a slot rests on, a dimension's own or
+// the provider's bucket that a report gave it, as a reservation or a read
+// of the queue saw it. at is the slot in it (a reservation's) or the end
+// of its queue (a read's); credit is its credit then: what has been added
+// to its tokens other than by time, net of every debit and cut (see the
+// token bucket scripts); rate its rate in tokens per second; from the end
+// of a pause; life changes when the credit starts again.
+type constraint struct {
+	ok       bool // the dimension has this bucket
+	at, from time.Time
+	credit   int64 // millionths of a token
+	rate     float64
+	life     string
+}
+
+// movedTo returns the earliest a waiter whose slot is slot, with place pl,
+// may go by q: in each token bucket, its slot there, moved up by the credit
+// given since it reserved (the refunds of calls served are capacity its
+// slot had counted as taken), but not into a pause; or the end of that
+// bucket's queue if that is sooner; and the latest of those. Where either
+// has no places, the end of the queue if that is sooner than slot.
+//
+// This keeps each bucket's bound: what was admitted by any moment t is at
+// most its capacity by t, time's (refilled up to the burst) plus the
+// credit. Let m be the call admitted by t that reserved last. Everything
+// admitted by t reserved before m or is m, so it took at most what was
+// reserved up to m less what was given back unserved before m (the
+// cancels). m went when the capacity reached that, less the cancels it
+// knew of (its slot counted those before it reserved; credits since move
+// it up; so does the end of the queue, behind everything reserved), and
+// the capacity only grows. The credit counts no unserved refund: one from
+// behind m would let m go into capacity that is not there (the review's
+// fault, see bucket/movingup_test.go).
+func movedTo(slot time.Time, pl []constraint, q queue) time.Time {
+	if len(q.cons) == 0 || len(pl) != len(q.cons) {
+		if q.end.Before(slot) {
+			return q.end
+		}
+		return slot
+	}
+	var at time.Time
+	for i, c := range q.cons {
+		if !c.ok {
+			continue
+		}
+		p := pl[i]
+		s := slot
+		if p.ok && p.at.Before(slot) {
+			s = p.at
+		}
+		m := earlier(s, c.at)
+		if p.ok && p.life == c.life && c.credit > p.credit {
+			if r := max(p.rate, c.rate); r > 0 {
+				secs := min(float64(c.credit-p.credit)/1e6/r, 1e6)
+				m = earlier(m, later(s.Add(-time.Duration(secs*float64(time.Second))), c.from))
+			}
+		}
+		at = later(at, m)
+	}
+	return at
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // minMoveUp is the least wait that may move up.
@@ -94,7 +186,7 @@ func recheck(left time.Duration) time.Duration {
 
 // sleepMovingUp sleeps for delay, a reservation's, or less if a refund to
 // key moves the slot up (see WaitMax).
-func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay time.Duration) error {
+func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay time.Duration, place []constraint) error {
 	if delay < minMoveUp {
 		return wait.Sleep(ctx, delay)
 	}
@@ -111,7 +203,8 @@ func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay t
 		again.Stop()
 	}
 	class := chargedClass(cost)
-	read := func(ctx context.Context) (time.Duration, error) { return m.earliest(ctx, key, cost) }
+	read := func(ctx context.Context) (queue, error) { return m.earliest(ctx, key, cost) }
+	first := slot
 	for {
 		w, unwatch := rs.watch(key)
 		var since time.Time
@@ -136,9 +229,9 @@ func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay t
 		// A read that outlasts the slot (a slow Redis) must not make the
 		// waiter late: it ends there.
 		rctx, cancel := context.WithDeadline(ctx, slot)
-		at, err := rs.end(rctx, key, class, since, read)
+		q, err := rs.end(rctx, key, class, since, read)
 		cancel()
-		at = at.Add(moveUpGrace)
+		at := movedTo(first, place, q).Add(moveUpGrace)
 		if err == nil && at.Before(slot) {
 			slot = at
 			t.Reset(time.Until(at))
@@ -178,28 +271,27 @@ type refundWatch struct {
 	fired time.Time // when ch was closed
 }
 
-// endRead is a read of the end of a key's queue: done is closed once end
-// and err are set.
+// endRead is a read of a key's queue: done is closed once q and err are
+// set.
 type endRead struct {
 	began time.Time
 	done  chan struct{}
-	end   time.Time
+	q     queue
 	err   error
 }
 
-// end returns the end of the queue that read reads, from a read of key
-// and class (the dimensions charged) begun at since or later: one under
-// way, or a new one.
-func (r *refunds) end(ctx context.Context, key, class string, since time.Time, read func(context.Context) (time.Duration, error)) (time.Time, error) {
+// end returns the queue that read reads, from a read of key and class (the
+// dimensions charged) begun at since or later: one under way, or a new one.
+func (r *refunds) end(ctx context.Context, key, class string, since time.Time, read func(context.Context) (queue, error)) (queue, error) {
 	k := key + "\x00" + class
 	r.mu.Lock()
 	if rd := r.reads[k]; rd != nil && !rd.began.Before(since) {
 		r.mu.Unlock()
 		select {
 		case <-rd.done:
-			return rd.end, rd.err
+			return rd.q, rd.err
 		case <-ctx.Done():
-			return time.Time{}, ctx.Err()
+			return queue{}, ctx.Err()
 		}
 	}
 	if r.reads == nil {
@@ -208,15 +300,14 @@ func (r *refunds) end(ctx context.Context, key, class string, since time.Time, r
 	rd := &endRead{began: time.Now(), done: make(chan struct{})}
 	r.reads[k] = rd
 	r.mu.Unlock()
-	d, err := read(ctx)
-	rd.end, rd.err = time.Now().Add(d), err
+	rd.q, rd.err = read(ctx)
 	close(rd.done)
 	r.mu.Lock()
 	if r.reads[k] == rd {
 		delete(r.reads, k)
 	}
 	r.mu.Unlock()
-	return rd.end, rd.err
+	return rd.q, rd.err
 }
 
 // watch returns the watch closed at key's next refund, and the function
@@ -273,6 +364,29 @@ func (r *refunds) wake(key string) {
 	}
 }
 
+// Settler is a Bucket that tells the refunds of served calls from the
+// others (see Settle). A wrapper of a Bucket (a ledger, a logger) keeps
+// the difference by implementing it with Settle on the bucket it wraps.
+type Settler interface {
+	Settle(ctx context.Context, key string, delta Cost) error
+}
+
+// Settle changes what key has been charged by delta, as b.Adjust does, for
+// a call that was served: its slot had come (Wait or WaitMax returned, or a
+// Reserve's Delay passed), whether or not it was then sent. A refund so
+// made is capacity that every reservation still waiting had counted as
+// taken, and on a Redis bucket (or a Route to one) their slots move up by
+// it (see WaitMax). A refund through Adjust may be a reservation's that
+// was never served, and moves up only the end of the queue: behind the
+// waiters, that is where the capacity it gives back lies. Settle is
+// b.Settle where b is a Settler, and b.Adjust where not.
+func Settle(ctx context.Context, b Bucket, key string, delta Cost) error {
+	if s, ok := b.(Settler); ok {
+		return s.Settle(ctx, key, delta)
+	}
+	return b.Adjust(ctx, key, delta)
+}
+
 // Unlimited is the maxWait that accepts any delay.
 const Unlimited = time.Duration(math.MaxInt64)
 
@@ -296,16 +410,19 @@ func Wait(ctx context.Context, b Bucket, key string, cost Cost) (Reservation, er
 // not count on. A waiter whose slot is that far off asks the bucket, with
 // one read, where the end of the queue now is, and moves its slot up to it
 // if that is sooner: it is as if it had reserved anew behind every
-// reservation made so far. It asks when this process refunds the key
-// through a token bucket (Redis, Local, or a Route of them) or tells it of
-// a response that was no refusal (Observe); and, on Redis, for the
-// refunds of the fleet's other processes, which this one does not hear
-// of, unasked after a quarter of what is left of its wait and at least
-// half a second after it last asked (a wait of 20 s with no refund asks
-// about a dozen times). The waiters of a key that one event wakes share
-// one read. Before, with every goroutine asleep until its slot, what
-// refunds gave back went unused until then. A slot that a fail-open share
-// gave (see WithFailOpen) does not move.
+// reservation made so far. On Redis (or a Route to it) it also moves up by
+// the refunds of calls served (Settle) since it reserved, wherever it is
+// in the queue, but never into a pause that came since; a refund through
+// Adjust moves up only the end of the queue. It asks when this process
+// refunds the key through a token bucket (Redis, Local, or a Route of
+// them) or tells it of a response that was no refusal (Observe); and, on
+// Redis, for the refunds of the fleet's other processes, which this one
+// does not hear of, unasked after a quarter of what is left of its wait
+// and at least half a second after it last asked (a wait of 20 s with no
+// refund asks about a dozen times). The waiters of a key that one event
+// wakes share one read. Before, with every goroutine asleep until its
+// slot, what refunds gave back went unused until then. A slot that a
+// fail-open share gave (see WithFailOpen) does not move.
 func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	if err := ctx.Err(); err != nil {
 		return Reservation{}, err
@@ -321,9 +438,9 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 	m, _ := b.(moveUp)
 	var r Reservation
 	var err error
-	movable := false
+	var mv slotMove
 	if m != nil {
-		r, movable, err = m.reserveAt(ctx, key, cost, maxWait)
+		r, mv, err = m.reserveAt(ctx, key, cost, maxWait)
 	} else {
 		r, err = b.Reserve(ctx, key, cost, maxWait)
 	}
@@ -341,8 +458,8 @@ func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.
 	} else {
 		w := m.waiters(key)
 		w.sleep(1)
-		if movable {
-			err = sleepMovingUp(ctx, m, key, cost, r.Delay)
+		if mv.movable {
+			err = sleepMovingUp(ctx, m, key, cost, r.Delay, mv.place)
 		} else {
 			err = wait.Sleep(ctx, r.Delay)
 		}

@@ -109,9 +109,9 @@ func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.D
 }
 
 // reserveAt implements moveUp.
-func (l *Local) reserveAt(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, bool, error) {
+func (l *Local) reserveAt(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error) {
 	r, err := l.reserve(key, cost, maxWait, true)
-	return r, true, err
+	return r, slotMove{movable: true}, err
 }
 
 // shared implements moveUp: a Local's keys are this process's.
@@ -204,8 +204,16 @@ func (l *Local) invalid(key string, cost Cost, err error) (Reservation, error) {
 
 func (l *Local) refunds() *refunds { return &l.waiting }
 
-// earliest implements moveUp.
-func (l *Local) earliest(_ context.Context, key string, cost Cost) (time.Duration, error) {
+// earliest implements moveUp: the end of key's queue (a Local keeps no
+// places).
+func (l *Local) earliest(ctx context.Context, key string, cost Cost) (queue, error) {
+	d, err := l.endOf(key, cost)
+	return queue{end: time.Now().Add(d)}, err
+}
+
+// endOf returns how long until cost could be taken from key if it were
+// reserved now, behind every reservation so far.
+func (l *Local) endOf(key string, cost Cost) (time.Duration, error) {
 	if key == "" {
 		return 0, ErrInvalidKey
 	}

@@ -14,7 +14,7 @@ type countingLocal struct {
 	reads atomic.Int64
 }
 
-func (c *countingLocal) earliest(ctx context.Context, key string, cost Cost) (time.Duration, error) {
+func (c *countingLocal) earliest(ctx context.Context, key string, cost Cost) (queue, error) {
 	c.reads.Add(1)
 	return c.Local.earliest(ctx, key, cost)
 }

@@ -207,8 +207,9 @@ func TestWaitReadsPerAdmission(t *testing.T) {
 // TestFleetConservationWithRefundsAndCancels: three processes (buckets of
 // their own on one Redis) with goroutines that wait, a quarter of the waits
 // given up (cancelled), the others refunding part of their cost after their
-// call: from the start, what was admitted is at most Burst + Rate·T plus
-// the refunds of calls served, at every admission. The waits given up go
+// call (Settle: every waiter moves up by it): from the start, what was
+// admitted is at most Burst + Rate·T plus the refunds of calls served, at
+// every admission. The waits given up go
 // through WaitMax on the bucket itself (cancel), or on a wrapper of it
 // (the refund of a cancelled wait is an Adjust then; the other waits are
 // on the bucket itself): the second run fails.
@@ -268,7 +269,7 @@ func fleetConservation(t *testing.T, wrap bool) {
 					add(event{at: time.Since(start), admit: cost})
 					time.Sleep(time.Duration(10+rng.IntN(40)) * time.Millisecond) // the call
 					if used := float64(rng.IntN(int(cost) + 1)); used < cost {
-						assert.NoError(t, pb.Adjust(ctx, key, bucket.N(used-cost)))
+						assert.NoError(t, bucket.Settle(ctx, pb, key, bucket.N(used-cost)))
 						add(event{at: time.Since(start), refund: cost - used})
 					}
 				}

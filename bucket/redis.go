@@ -69,26 +69,40 @@ func (r *Redis) Adjust(ctx context.Context, key string, delta Cost) error {
 	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0], r.span, r.flags())
 }
 
+// Settle implements Settler with one call to Redis: a refund moves up
+// every waiter (see the package function Settle).
+func (r *Redis) Settle(ctx context.Context, key string, delta Cost) error {
+	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[1], r.span, r.flags())
+}
+
 // reserveAt implements moveUp.
-func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, bool, error) {
+func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error) {
 	return r.scripted.reserveAt(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
 }
 
-// earliest implements moveUp with one call to Redis.
-func (r *Redis) earliest(ctx context.Context, key string, cost Cost) (time.Duration, error) {
+// earliest implements moveUp with one call to Redis: the places of the
+// end of key's queue in each dimension cost charges.
+func (r *Redis) earliest(ctx context.Context, key string, cost Cost) (queue, error) {
+	now := time.Now()
 	keys, args, err := r.prepare(key, cost, true, false, smallAmounts[0], r.span, r.flags())
 	if err != nil || len(keys) == 0 {
-		return 0, err
+		return queue{end: now}, err
 	}
-	cmd := r.run(ctx, queueScript, keys, args...)
-	w, err := cmd.Int64()
+	v, err := r.run(ctx, queueScript, keys, args...).Slice()
 	if err != nil {
-		return 0, err
+		return queue{}, err
 	}
-	if w < 0 || w > int64(Unlimited/time.Microsecond) {
-		return 0, fmt.Errorf("bucket: redis queue: unexpected reply %d", w)
+	cons, err := places(v, time.Now())
+	if err != nil || len(cons) != 2*(len(keys)-1) {
+		return queue{}, fmt.Errorf("bucket: redis queue: unexpected reply %v", v)
 	}
-	return micros(w), nil
+	q := queue{end: now, cons: cons}
+	for _, c := range cons {
+		if c.ok {
+			q.end = later(q.end, c.at)
+		}
+	}
+	return q, nil
 }
 
 // flags are the law's flags, with a cold start for keys that Redis does

@@ -14,6 +14,17 @@ package bucket
 //	cr  the lowest rate a process of the fleet is configured with, in
 //	    millionths per second, until crx (microseconds); cb, cbx the same
 //	    of the burst, in millionths (see pinned)
+//	f   the credit of t: in millionths, what has been added to t other than
+//	    by time, net of what has been taken other than by reservations:
+//	    the refunds of calls served (adjust, served), less every debit and
+//	    every cut that a report or a pause made (optional: 0)
+//	fp  the same of p (optional: 0)
+//	i   the hash's life: raised when p is seeded anew (its credit starts
+//	    again) or the credits start again from 0 (optional: 0)
+//
+// A reservation's waiter moves up by the credit given since it reserved
+// (see place in bucket.go): what a served call gave back is capacity that
+// every reservation still waiting had counted as taken.
 //
 // and one HASH per key, KEYS[1], for what the adaptive law needs:
 //
@@ -203,6 +214,51 @@ local function deficit(tk, rate)
   end
   return math.ceil(-tk * 1e6 / rate)
 end
+
+`
+
+// luaPlace defines credit and place, for the scripts that keep or read a
+// waiter's place (see place in bucket.go).
+const luaPlace = `
+-- credit adds d tokens to a dimension's credit field (f or fp). A credit
+-- that leaves the integers a double holds exactly starts again from 0,
+-- with a new life (i), so that no waiter reads a difference across it.
+local function credit(key, field, d)
+  local n = math.floor(d * 1e6 + 0.5)
+  if n == 0 then
+    return
+  end
+  local v = (tonumber(redis.call('HGET', key, field)) or 0) + n
+  if v > 4503599627370496 or v < -4503599627370496 then
+    redis.call('HINCRBY', key, 'i', 1)
+    redis.call('HSET', key, 'f', 0, 'fp', 0)
+  else
+    redis.call('HSET', key, field, v)
+  end
+end
+
+-- place appends to out what a waiter's slot rests on in a dimension: for
+-- its tokens, the wait from now until tk reaches 0 at rate, its credit,
+-- the rate in millionths per second and the wait until at (a pause's end);
+-- for the provider's bucket, the same of pt at pr (-1 without it), its
+-- credit and rate; then the hash's life. The credits and the life are the
+-- hash's strings, read exactly in Go.
+local function place(out, key, tk, at, rate, pt, pr)
+  local c = redis.call('HMGET', key, 'f', 'fp', 'i')
+  local n = #out
+  out[n+1] = at - now + deficit(tk, rate)
+  out[n+2] = c[1] or '0'
+  out[n+3] = math.floor(rate * 1e6)
+  out[n+4] = at - now
+  if pt then
+    out[n+5] = at - now + deficit(pt, pr)
+    out[n+7] = math.floor(pr * 1e6)
+  else
+    out[n+5], out[n+7] = -1, 0
+  end
+  out[n+6] = c[2] or '0'
+  out[n+8] = c[3] or '0'
+end
 `
 
 // luaNum defines num(x): x as a string with no exponent (gopher-lua, in
@@ -222,8 +278,10 @@ end
 // taken within ARGV[1] microseconds, all or nothing. It returns the wait in
 // microseconds (0 if the tokens were there), negated if nothing was taken
 // (a refused wait is always > 0), and the key's epoch, if not 0, then 1 if
-// a dimension is held below this process's limit (see pinned).
-var reserveScript = newScript(luaCommon + `
+// a dimension is held below this process's limit (see pinned). A wait of
+// a quarter of a second or more (minMoveUp) that was taken replies
+// {wait, epoch, held (0 or 1)} and then its place in each dimension key.
+var reserveScript = newScript(luaCommon + luaPlace + `
 local f, epoch = fraction(span, law)
 local st, wait = {}, 0
 for i = 1, #KEYS - 1 do
@@ -257,6 +315,15 @@ else
     store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10])
   end
 end
+if wait >= 250000 then
+  -- a wait that may move up (minMoveUp): its place in each dimension
+  local out = {wait, epoch, 0}
+  if held then out[3] = 1 end
+  for i, s in ipairs(st) do
+    place(out, KEYS[i+1], s[1], s[2], s[4], s[6], s[7])
+  end
+  return out
+end
 if held then
   return {wait, epoch, 1}
 end
@@ -267,12 +334,16 @@ return {wait, epoch}
 `)
 
 // adjustScript refills each dimension key, then subtracts its amount (a
-// negative amount refunds, never above burst). ARGV[1] is unused.
-var adjustScript = newScript(luaCommon + `
+// negative amount refunds, never above burst). ARGV[1] is 1 if the delta
+// is a served call's (Settle): a refund is then credited (see place in
+// bucket.go); a debit always is, negative.
+var adjustScript = newScript(luaCommon + luaPlace + `
 local f = fraction(span, law)
+local served = ARGV[1] == '1'
 for i = 1, #KEYS - 1 do
   local key, amount = KEYS[i+1], tonumber(ARGV[3*i+3])
   local rate, burst, tk, at, x, learnt, pr, pb, pt, rx, pin = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local tk0, pt0 = tk, pt
   tk = math.min(burst, tk - amount)
   if pt then
     pt = math.min(pb, pt - amount)
@@ -281,6 +352,12 @@ for i = 1, #KEYS - 1 do
     tk = math.min(tk, 0) -- paused: empty at its end, or refunds would go out at once
   end
   if tk < burst or at > now or learnt or held or pinLive then
+    if served or tk < tk0 then
+      credit(key, 'f', tk - tk0)
+    end
+    if pt and (served or pt < pt0) then
+      credit(key, 'fp', pt - pt0)
+    end
     store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
   else
     redis.call('DEL', key) -- kept while pinned: it would lose the pin
@@ -289,23 +366,18 @@ end
 return 1
 `)
 
-// queueScript returns, in microseconds, how long from now until the
-// amounts (ignored) of each dimension key could be taken if they were
-// reserved now behind every reservation made so far: the end of the
-// queue, the pause and the provider's bucket counted, changing nothing.
-// ARGV[1] is unused.
-var queueScript = newScript(luaCommon + `
+// queueScript returns, for each dimension key, the end of its queue as a
+// place (see place): how long from now until its debt is paid, the pause
+// and the provider's bucket apart, with their credits, changing nothing.
+// ARGV[1] and the amounts are unused.
+var queueScript = newScript(luaCommon + luaPlace + `
 local f = fraction(span, law)
-local wait = 0
+local out = {}
 for i = 1, #KEYS - 1 do
   local rate, burst, tk, at, _, _, pr, _, pt = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
-  local w = at - now + deficit(tk, rate)
-  if pt then
-    w = math.max(w, at - now + deficit(pt, pr))
-  end
-  wait = math.max(wait, w)
+  place(out, KEYS[i+1], tk, at, rate, pt, pr)
 end
-return wait
+return out
 `)
 
 // tokensScript returns each dimension key's tokens now (as of the end of a
@@ -336,7 +408,7 @@ return out
 // unknown), the rate and the burst it reported (0: unknown), and for how
 // long those count in microseconds. It replies 1 if it decreased the rate,
 // plus 2 if it set or lengthened a pause.
-var observeScript = newScript(luaCommon + `
+var observeScript = newScript(luaCommon + luaPlace + `
 local f, epoch, d, a = fraction(span, law)
 local nf, changed = f, 0
 if ARGV[1] == '2' then
@@ -380,6 +452,7 @@ for i = 1, #KEYS - 1 do
   local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
   local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
   local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin, prate, pburst = refill(key, crate, cburst, f, 0)
+  local tk0, at0, rate0, burst0, pt0, pr0, pb0 = tk, at, rate, burst, pt, pr, pb
   local valid = tonumber(ARGV[o+5])
   local f, nf, pause = f, nf, pause
   if crate < 0 then
@@ -438,7 +511,24 @@ for i = 1, #KEYS - 1 do
       end
     end
   end
-  store(key, math.min(tk, burst * nf / f), at, x, rate * nf / f, burst * nf / f, pt, pr, pb, rx, pin)
+  tk = math.min(tk, burst * nf / f)
+  -- What a cut or a pause took, against what time alone would have left
+  -- by at, is debited from the credits: the waiters' places move no
+  -- earlier for it. A provider's bucket seeded anew starts a new life.
+  local left = math.min(burst0, tk0 + (at - at0) / 1e6 * rate0)
+  if tk < left then
+    credit(key, 'f', tk - left)
+  end
+  if pt and pt0 then
+    left = math.min(pb0, pt0 + (at - at0) / 1e6 * pr0)
+    if pt < left then
+      credit(key, 'fp', pt - left)
+    end
+  elseif pt then
+    redis.call('HINCRBY', key, 'i', 1)
+    redis.call('HSET', key, 'fp', 0)
+  end
+  store(key, tk, at, x, rate * nf / f, burst * nf / f, pt, pr, pb, rx, pin)
 end
 -- The time paused does not count toward the threshold's window.
 if paused > 0 and tonumber(redis.call('HGET', KEYS[1], 'c') or 0) > 0 then

@@ -59,13 +59,13 @@ func (r *Routed) For(key string) Bucket {
 }
 
 // reserveAt implements moveUp on key's bucket.
-func (r *Routed) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, bool, error) {
+func (r *Routed) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error) {
 	b := r.For(key)
 	if m, ok := b.(moveUp); ok {
 		return m.reserveAt(ctx, key, cost, maxWait)
 	}
 	res, err := b.Reserve(ctx, key, cost, maxWait)
-	return res, false, err
+	return res, slotMove{}, err
 }
 
 // shared implements moveUp: key's bucket's.
@@ -83,11 +83,11 @@ func (r *Routed) waiters(key string) *waiters {
 }
 
 // earliest implements moveUp on key's bucket, if it can.
-func (r *Routed) earliest(ctx context.Context, key string, cost Cost) (time.Duration, error) {
+func (r *Routed) earliest(ctx context.Context, key string, cost Cost) (queue, error) {
 	if m, ok := r.For(key).(moveUp); ok {
 		return m.earliest(ctx, key, cost)
 	}
-	return Unlimited, nil
+	return queue{end: time.Now().Add(Unlimited / 2)}, nil
 }
 
 // refunds implements moveUp: the refunds made through the Routed bucket.
@@ -101,6 +101,15 @@ func (r *Routed) Reserve(ctx context.Context, key string, cost Cost, maxWait tim
 // Adjust implements Bucket on key's bucket.
 func (r *Routed) Adjust(ctx context.Context, key string, delta Cost) error {
 	err := r.For(key).Adjust(ctx, key, delta)
+	if err == nil {
+		r.waiting.fire(key, delta)
+	}
+	return err
+}
+
+// Settle implements Settler on key's bucket.
+func (r *Routed) Settle(ctx context.Context, key string, delta Cost) error {
+	err := Settle(ctx, r.For(key), key, delta)
 	if err == nil {
 		r.waiting.fire(key, delta)
 	}

@@ -115,7 +115,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 // extra, then the triples of prepare. The script replies with the wait in
 // microseconds, negated if it took nothing (a refused wait is always > 0).
 func (s *scripted) reserve(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, error) {
-	r, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
+	r, _, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
 	s.m.reserved(key, cost, r, err, by, false)
 	return r, err
 }
@@ -123,10 +123,10 @@ func (s *scripted) reserve(ctx context.Context, script *script, key string, cost
 // reserveAt is reserve for WaitMax, which counts its wait among the
 // waiters itself; the slot may move up unless a fail-open share served
 // it, whose reservations Redis does not hold (see moveUp).
-func (s *scripted) reserveAt(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, bool, error) {
-	r, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
+func (s *scripted) reserveAt(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, slotMove, error) {
+	r, place, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
 	s.m.reserved(key, cost, r, err, by, true)
-	return r, by != servedShare, err
+	return r, slotMove{movable: by != servedShare, place: place}, err
 }
 
 // shared implements moveUp: the fleet charges a key on Redis.
@@ -135,25 +135,26 @@ func (s *scripted) shared(string) bool { return true }
 // waiters implements moveUp: this bucket's waiters gauge, or nil.
 func (s *scripted) waiters(string) *waiters { return s.m.waiters() }
 
-// reserveBy is reserve, saying what served it.
-func (s *scripted) reserveBy(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, server, error) {
+// reserveBy is reserve, saying what served it, and the reservation's
+// place if the script gave one.
+func (s *scripted) reserveBy(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, []constraint, server, error) {
 	head := append([]any{scriptArg(float64(max(maxWait, 0).Microseconds()))}, extra...)
 	keys, args, err := s.prepare(key, cost, true, false, head...)
 	if err != nil || len(keys) == 0 {
-		return Reservation{OK: err == nil}, servedRedis, err
+		return Reservation{OK: err == nil}, nil, servedRedis, err
 	}
-	w, epoch, held, err := reservation(s.run(ctx, script, keys, args...))
+	w, epoch, held, place, err := reservation(s.run(ctx, script, keys, args...), len(keys)-s.stateKeys())
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
 			r, err := sh.reserve(ctx, key, cost, maxWait, !sent(err))
-			return r, servedShare, err
+			return r, nil, servedShare, err
 		}
-		return Reservation{}, servedRedis, fmt.Errorf("bucket: redis reserve: %w", err)
+		return Reservation{}, nil, servedRedis, fmt.Errorf("bucket: redis reserve: %w", err)
 	}
 	if w > max(maxWait, 0).Microseconds() {
 		// A reply the scripts never give (a proxy's, a server's bug): the
 		// caller's wait accounting must not trust it.
-		return Reservation{}, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
+		return Reservation{}, nil, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
 	}
 	if held {
 		s.warnHeld()
@@ -163,9 +164,17 @@ func (s *scripted) reserveBy(ctx context.Context, script *script, key string, co
 	}
 	s.fo.settle(ctx, s.debit, key)
 	if w < 0 {
-		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, servedRedis, nil
+		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil, servedRedis, nil
 	}
-	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, servedRedis, nil
+	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, place, servedRedis, nil
+}
+
+// stateKeys is how many of a script's KEYS are not a dimension's.
+func (s *scripted) stateKeys() int {
+	if s.state {
+		return 1
+	}
+	return 0
 }
 
 // micros converts n >= 0 microseconds to a Duration, saturated at the
@@ -177,27 +186,76 @@ func micros(n int64) time.Duration {
 	return time.Duration(n) * time.Microsecond
 }
 
-// reservation reads a reserve script's reply: the wait in microseconds, or
-// the wait and the key's epoch, and then 1 if the key is held below this
-// process's limit.
-func reservation(cmd *redis.Cmd) (w int64, epoch uint64, held bool, err error) {
+// reservation reads a reserve script's reply over dims dimension keys:
+// the wait in microseconds, or the wait and the key's epoch, and then 1 if
+// the key is held below this process's limit; or, for a wait that may move
+// up, the wait, the epoch, 0 or 1, and the reservation's place.
+func reservation(cmd *redis.Cmd, dims int) (w int64, epoch uint64, held bool, place []constraint, err error) {
 	v, err := cmd.Result()
 	if err != nil {
-		return 0, 0, false, err
+		return 0, 0, false, nil, err
 	}
 	switch v := v.(type) {
 	case int64:
-		return v, 0, false, nil
+		return v, 0, false, nil, nil
 	case []any:
-		if len(v) == 2 || len(v) == 3 && v[2] == int64(1) {
-			w, ok1 := v[0].(int64)
-			e, ok2 := v[1].(int64)
-			if ok1 && ok2 && e >= 0 {
-				return w, uint64(e), len(v) == 3, nil
+		w, ok1 := v[0].(int64)
+		e, ok2 := v[1].(int64)
+		ok := ok1 && ok2 && e >= 0
+		switch {
+		case !ok:
+		case len(v) == 2 || len(v) == 3 && v[2] == int64(1):
+			return w, uint64(e), len(v) == 3, nil, nil
+		case len(v) == 3+placeFields*dims && (v[2] == int64(0) || v[2] == int64(1)) && w > 0:
+			if place, err = places(v[3:], time.Now()); err == nil {
+				return w, uint64(e), v[2] == int64(1), place, nil
 			}
 		}
 	}
-	return 0, 0, false, fmt.Errorf("unexpected reply %v", v)
+	return 0, 0, false, nil, fmt.Errorf("unexpected reply %v", v)
+}
+
+// placeFields is how many fields of a script's reply give the place of a
+// dimension (place, in the token bucket scripts).
+const placeFields = 8
+
+// places reads the places of a reply (place, in the token bucket scripts),
+// as of at, which it was read at: for each dimension, its own bucket's
+// then the provider's.
+func places(v []any, at time.Time) ([]constraint, error) {
+	if len(v)%placeFields != 0 {
+		return nil, fmt.Errorf("%d fields of places", len(v))
+	}
+	cs := make([]constraint, 0, 2*len(v)/placeFields)
+	for i := 0; i < len(v); i += placeFields {
+		f := v[i : i+placeFields]
+		w, ok1 := f[0].(int64)
+		rate, ok2 := f[2].(int64)
+		from, ok3 := f[3].(int64)
+		wp, ok4 := f[4].(int64)
+		prate, ok5 := f[6].(int64)
+		life, ok6 := f[7].(string)
+		credit, err1 := creditOf(f[1])
+		pcredit, err2 := creditOf(f[5])
+		if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) || err1 != nil || err2 != nil ||
+			w < 0 || from < 0 || wp < -1 || rate < 0 || prate < 0 {
+			return nil, fmt.Errorf("a place %v", f)
+		}
+		when := func(us int64) time.Time { return at.Add(micros(us)) }
+		cs = append(cs,
+			constraint{ok: true, at: when(w), from: when(from), credit: credit, rate: float64(rate) / 1e6, life: life},
+			constraint{ok: wp >= 0, at: when(max(wp, 0)), from: when(from), credit: pcredit, rate: float64(prate) / 1e6, life: life})
+	}
+	return cs, nil
+}
+
+// creditOf reads a credit: an integer of millionths, as Redis wrote it.
+func creditOf(v any) (int64, error) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, fmt.Errorf("a credit %v", v)
+	}
+	return strconv.ParseInt(s, 10, 64)
 }
 
 // warnHeld logs, at most once a minute, that Redis holds a key of this

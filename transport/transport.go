@@ -343,7 +343,7 @@ func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
 	}
 	rctx, cancel := wait.Detached(ctx)
 	defer cancel()
-	if err := t.cfg.bucket.Adjust(rctx, key, cost.Neg()); err != nil {
+	if err := bucket.Settle(rctx, t.cfg.bucket, key, cost.Neg()); err != nil {
 		t.debugKey(ctx, "sluice: refund failed", errAttr(err))
 		return
 	}

@@ -163,7 +163,7 @@ func (t *Transport) reconcile(ctx context.Context, key string, charged, actual b
 	}
 	rctx, cancel := wait.Detached(ctx)
 	defer cancel()
-	if err := t.cfg.bucket.Adjust(rctx, key, delta); err != nil {
+	if err := bucket.Settle(rctx, t.cfg.bucket, key, delta); err != nil {
 		t.debugKey(ctx, "sluice: usage reconciliation failed", errAttr(err))
 		return
 	}

@@ -232,6 +232,15 @@ func (l *ledger) Adjust(ctx context.Context, key string, delta bucket.Cost) erro
 	return err
 }
 
+// Settle keeps the bucket's Settle: its refunds move every waiter up.
+func (l *ledger) Settle(ctx context.Context, key string, delta bucket.Cost) error {
+	err := bucket.Settle(ctx, l.Bucket, key, delta)
+	if err == nil {
+		l.add(delta[bucket.Tokens])
+	}
+	return err
+}
+
 func (l *ledger) add(n float64) {
 	l.mu.Lock()
 	l.sum += n

@@ -219,7 +219,7 @@ func report(w io.Writer, name, reply string, u openai.CompletionUsage, b *ledger
 }
 
 // ledger is a bucket that adds up what it is charged (Reserve) and adjusted
-// (Adjust: reconciliations and refunds) until take.
+// (Adjust and Settle: reconciliations and refunds) until take.
 type ledger struct {
 	bucket.Bucket
 	mu                sync.Mutex
@@ -236,6 +236,15 @@ func (l *ledger) Reserve(ctx context.Context, key string, cost bucket.Cost, maxW
 
 func (l *ledger) Adjust(ctx context.Context, key string, delta bucket.Cost) error {
 	err := l.Bucket.Adjust(ctx, key, delta)
+	if err == nil {
+		l.add(&l.adjusted, delta)
+	}
+	return err
+}
+
+// Settle keeps the bucket's Settle: its refunds move every waiter up.
+func (l *ledger) Settle(ctx context.Context, key string, delta bucket.Cost) error {
+	err := bucket.Settle(ctx, l.Bucket, key, delta)
 	if err == nil {
 		l.add(&l.adjusted, delta)
 	}

@@ -1,0 +1,148 @@
+package bucket
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// TestCredit: what a dimension's credit (f) and the provider's bucket's
+// (fp) count, on a real Redis: the refunds of served calls (Settle), not
+// those of Adjust, which may be a reservation's never served; every debit;
+// what a pause or a report's remaining takes beyond time; and a provider's
+// bucket seeded anew starts a new life (i).
+func TestCredit(t *testing.T) {
+	rdb := redistest.Client(t)
+	b := NewRedis(rdb, Limit{Rate: 10, Burst: 100}, WithFailClosed())
+	ctx := context.Background()
+	key := t.Name() + time.Now().Format("150405.000000")
+	dim := b.dimKey(b.baseKey(key), Requests)
+	field := func(f string) float64 {
+		v, err := rdb.HGet(ctx, dim, f).Result()
+		if err != nil {
+			return 0
+		}
+		n, err := strconv.ParseFloat(v, 64)
+		require.NoError(t, err)
+		return n / 1e6
+	}
+	_, err := b.Reserve(ctx, key, N(100), 0) // empty
+	require.NoError(t, err)
+	require.NoError(t, Settle(ctx, b, key, N(-30)))
+	assert.Equal(t, 30.0, field("f"), "a served refund")
+	require.NoError(t, b.Adjust(ctx, key, N(-20)))
+	assert.Equal(t, 30.0, field("f"), "an Adjust refund")
+	require.NoError(t, b.Adjust(ctx, key, N(5)))
+	assert.Equal(t, 25.0, field("f"), "a debit")
+	require.NoError(t, Settle(ctx, b, key, N(5)))
+	assert.Equal(t, 20.0, field("f"), "a served debit")
+	require.NoError(t, Settle(ctx, b, key, N(-100)))
+	assert.InDelta(t, 20+60, field("f"), 0.2, "a refund, up to the burst: from 40 to 100")
+
+	// A pause empties the key at its end: what time would have left is
+	// taken. Full at 100, a pause of 1 s takes 100 (the 10 it refills would
+	// be lost to the burst too).
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: time.Second}))
+	assert.InDelta(t, 80-100, field("f"), 0.2, "a pause")
+
+	// A report seeds the provider's bucket: a life; its remaining then
+	// takes from it.
+	q := adaptive.Quota{Limit: 100, Remaining: 60, Reset: 4 * time.Second, Window: 10 * time.Second}
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
+	assert.Equal(t, 1.0, field("i")*1e6, "a new life")
+	assert.Equal(t, 0.0, field("fp"))
+	q.Remaining = 40
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
+	assert.InDelta(t, -20, field("fp"), 0.5, "a remaining below the provider's bucket")
+	require.NoError(t, Settle(ctx, b, key, N(-10)))
+	assert.InDelta(t, -10, field("fp"), 0.5, "a served refund to the provider's bucket")
+}
+
+// TestCreditStartsAgain: a credit beyond what a double holds exactly
+// starts again from 0 with a new life, which no waiter reads across.
+func TestCreditStartsAgain(t *testing.T) {
+	rdb := redistest.Client(t)
+	b := NewRedis(rdb, Limit{Rate: 10, Burst: 100}, WithFailClosed())
+	ctx := context.Background()
+	key := t.Name() + time.Now().Format("150405.000000")
+	dim := b.dimKey(b.baseKey(key), Requests)
+	_, err := b.Reserve(ctx, key, N(100), 0)
+	require.NoError(t, err)
+	require.NoError(t, rdb.HSet(ctx, dim, "f", 1<<52-1).Err())
+	require.NoError(t, Settle(ctx, b, key, N(-1)))
+	v, err := rdb.HMGet(ctx, dim, "f", "i").Result()
+	require.NoError(t, err)
+	assert.Equal(t, []any{"0", "1"}, v)
+}
+
+// TestMovedTo: the rule a waiter moves up by, constraint by constraint.
+func TestMovedTo(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	c := func(slot, from float64, credit int64, rate float64, life string) constraint {
+		return constraint{ok: true, at: at(slot), from: at(from), credit: credit, rate: rate, life: life}
+	}
+	none := constraint{}
+	cases := []struct {
+		name  string
+		place []constraint
+		q     queue
+		want  float64
+	}{
+		{"no places: the end", nil, queue{end: at(3)}, 3},
+		{"no places: the slot", nil, queue{end: at(9)}, 5},
+		{"credit", []constraint{c(5, 0, 0, 10, "0"), none},
+			queue{cons: []constraint{c(9, 0, 20e6, 10, "0"), none}}, 3},
+		{"the end sooner", []constraint{c(5, 0, 0, 10, "0"), none},
+			queue{cons: []constraint{c(1, 0, 20e6, 10, "0"), none}}, 1},
+		{"not into a pause", []constraint{c(5, 0, 0, 10, "0"), none},
+			queue{cons: []constraint{c(9, 4, 20e6, 10, "0"), none}}, 4},
+		{"a debit: no move", []constraint{c(5, 0, 0, 10, "0"), none},
+			queue{cons: []constraint{c(9, 0, -20e6, 10, "0"), none}}, 5},
+		{"a new life: no move", []constraint{c(5, 0, 0, 10, "0"), none},
+			queue{cons: []constraint{c(9, 0, 20e6, 10, "1"), none}}, 5},
+		{"the higher rate", []constraint{c(5, 0, 0, 10, "0"), none},
+			queue{cons: []constraint{c(9, 0, 20e6, 20, "0"), none}}, 4},
+		{"the latest constraint", []constraint{c(5, 0, 0, 10, "0"), c(5, 0, 0, 10, "0")},
+			queue{cons: []constraint{c(9, 0, 20e6, 10, "0"), c(9, 0, 10e6, 10, "0")}}, 4},
+		{"a provider's bucket since: its end", []constraint{c(5, 0, 0, 10, "0"), none},
+			queue{cons: []constraint{c(9, 0, 40e6, 10, "0"), c(4.5, 0, 0, 10, "0")}}, 4.5},
+		{"a credit beyond any wait", []constraint{c(5, 0, 0, 1e-6, "0"), none},
+			queue{cons: []constraint{c(9, 0, math.MaxInt64, 1e-6, "0"), none}}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := movedTo(at(5), tc.place, tc.q)
+			assert.Equal(t, at(tc.want), later(got, t0), "%v", got.Sub(t0))
+		})
+	}
+}
+
+// FuzzPlaces: a reply of a place that the scripts never give is an error,
+// and a place read is never before the reply nor has a negative rate.
+func FuzzPlaces(f *testing.F) {
+	f.Add(int64(2000000), "0", int64(10000000), int64(0), int64(-1), "0", int64(0), "0")
+	f.Add(int64(5), "-12", int64(1), int64(3), int64(7), "1e9", int64(2), "x")
+	f.Fuzz(func(t *testing.T, w int64, credit string, rate, from, wp int64, pcredit string, prate int64, life string) {
+		at := time.Unix(1000, 0)
+		cs, err := places([]any{w, credit, rate, from, wp, pcredit, prate, life}, at)
+		if err != nil {
+			return
+		}
+		require.Len(t, cs, 2)
+		for _, c := range cs {
+			assert.False(t, c.at.Before(at) || c.from.Before(at), "%+v", c)
+			assert.GreaterOrEqual(t, c.rate, 0.0)
+		}
+		m := movedTo(at.Add(time.Hour), cs, queue{cons: cs})
+		assert.False(t, m.After(at.Add(time.Hour)), "moved later")
+	})
+}
