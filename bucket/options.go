@@ -69,6 +69,7 @@ type config struct {
 	redis   redisPolicy   // failover.go
 	metrics metricsConfig // metrics.go
 	lease   time.Duration // NewInFlight's; 0: defaultLease
+	leasing leaseConfig   // NewRedis's (lease.go)
 }
 
 // Clock tells the time. The Local backend reads it; Redis backends use the

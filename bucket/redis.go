@@ -17,8 +17,9 @@ import (
 // use.
 type Redis struct {
 	scripted
-	adapt adaptation
-	span  any // adapt.span in microseconds, formatted
+	adapt  adaptation
+	span   any     // adapt.span in microseconds, formatted
+	leases *leases // nil: no leasing (WithLeasing)
 }
 
 var _ Bucket = (*Redis)(nil)
@@ -44,6 +45,7 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	r.meter(r.gauges)
 	r.waiting = &refunds{}
+	r.leases = newLeases(r.leasing)
 	return r
 }
 
@@ -59,8 +61,14 @@ func tokenParam(d dim) any {
 }
 
 // Reserve implements Bucket with one call to Redis (or none, if cost charges
-// no limited dimension).
+// no limited dimension or a lease holds it: see WithLeasing).
 func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
+	if r.leases != nil {
+		if res, ok := r.leased(ctx, key, cost); ok {
+			r.m.reserved(key, cost, res, nil, servedRedis, false)
+			return res, nil
+		}
+	}
 	return r.reserve(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
 }
 
@@ -75,8 +83,14 @@ func (r *Redis) Settle(ctx context.Context, key string, delta Cost) error {
 	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[1], r.span, r.flags())
 }
 
-// reserveAt implements moveUp.
+// reserveAt implements moveUp; a lease serves it as it does Reserve.
 func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error) {
+	if r.leases != nil {
+		if res, ok := r.leased(ctx, key, cost); ok {
+			r.m.reserved(key, cost, res, nil, servedRedis, true)
+			return res, slotMove{}, nil
+		}
+	}
 	return r.scripted.reserveAt(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
 }
 
@@ -134,6 +148,9 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 	}
 	if key == "" {
 		return ErrInvalidKey
+	}
+	if r.leases != nil && refused(fb) {
+		r.leases.drop(key)
 	}
 	p := &r.adapt.policy
 	pause := time.Duration(0)
