@@ -80,14 +80,17 @@ type leases struct {
 // lease is what a process holds of a key: held, by dimension (as the
 // bucket's dims), to hand out until until; or, until plain, nothing, and
 // the key gets plain reservations. taking is non-nil while a lease call is
-// under way, and closed when it is done: one at a time per key.
+// under way, and closed when it is done: one at a time per key; dropped
+// says a refusal came meanwhile (see drop), and the lease it takes is
+// dropped too.
 type lease struct {
-	held   []float64
-	until  time.Time
-	plain  time.Time
-	epoch  uint64
-	taking chan struct{}
-	timer  *time.Timer
+	held    []float64
+	until   time.Time
+	plain   time.Time
+	epoch   uint64
+	taking  chan struct{}
+	dropped bool
+	timer   *time.Timer
 }
 
 func newLeases(c leaseConfig) *leases {
@@ -220,6 +223,9 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 		}
 		end := time.Now().Add(ls.ttl)
 		l.timer.Reset(ls.ttl)
+		if l.dropped {
+			got, l.dropped = false, false // dropped, not given back
+		}
 		if !got || err != nil {
 			// No lease, or a Redis that failed (what it was given back is
 			// lost): plain reservations for a ttl, which fail open or not.
@@ -264,6 +270,7 @@ func (ls *leases) drop(key string) {
 		clear(l.held)
 		l.until = time.Time{}
 		l.plain = time.Now().Add(ls.ttl)
+		l.dropped = l.taking != nil
 	}
 }
 
