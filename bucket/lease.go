@@ -20,14 +20,16 @@ const (
 	leaseShare = 0.25
 )
 
-// WithLeasing makes a Redis bucket lease tokens: a Reserve that finds no
-// lease of its key takes, in one call to Redis, enough for k calls of its
-// cost (k times its amount in each dimension it charges, at most a
-// quarter of the dimension's burst), and this process hands them out to
-// the next calls on the key with no call to Redis, until they run out or
-// ttl has passed. What a lease did not hand out is given back to the key
-// at ttl (refunded as Adjust refunds, moving up only the end of the
-// queue), or when a new lease replaces it, or at Close.
+// WithLeasing makes a Redis bucket lease tokens: a Reserve (or WaitMax)
+// that finds no lease of its key, or one that holds less than its cost,
+// takes in one call to Redis enough for n calls of its cost (n times its
+// amount in each dimension it charges; n is k, or less where k calls would
+// take more than a quarter of a dimension's burst), and this process hands
+// them out to the next calls on the key with no call to Redis, until they
+// run out or ttl has passed. What a lease did not hand out is given back
+// to the key at ttl (an unserved refund, as Adjust's: it moves up only the
+// end of the queue), or in the call that takes the next lease, or at
+// Close.
 //
 // A lease is taken only while the key has the tokens now: not in debt,
 // not paused, at the rate the fleet has learnt (every decrease and pause
