@@ -87,6 +87,7 @@ type leases struct {
 // dropped too.
 type lease struct {
 	held    []float64
+	live    bool // until has not passed: expire clears it, no clock read on the hot path
 	until   time.Time
 	plain   time.Time
 	epoch   uint64
@@ -167,14 +168,13 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 		}
 	}
 	for {
-		now := time.Now()
 		ls.mu.Lock()
 		if ls.closed {
 			ls.mu.Unlock()
 			return Reservation{}, false
 		}
 		l := ls.keys[key]
-		if l != nil && now.Before(l.until) && l.covers(r.dims, cost) {
+		if l != nil && l.live && l.covers(r.dims, cost) {
 			l.take(r.dims, cost)
 			res = Reservation{OK: true, Epoch: l.epoch}
 			ls.mu.Unlock()
@@ -183,13 +183,18 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 		if l != nil && l.taking != nil {
 			ch := l.taking
 			ls.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return Reservation{}, false
+			if done := ctx.Done(); done == nil {
+				<-ch
+			} else {
+				select {
+				case <-ch:
+				case <-done:
+					return Reservation{}, false
+				}
 			}
+			continue
 		}
+		now := time.Now()
 		if l != nil && now.Before(l.plain) {
 			ls.mu.Unlock()
 			return Reservation{}, false
@@ -206,7 +211,7 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 		}
 		give := l.held
 		l.held = make([]float64, len(r.dims))
-		l.until = time.Time{}
+		l.live, l.until = false, time.Time{}
 		l.taking = make(chan struct{})
 		ls.mu.Unlock()
 
@@ -235,7 +240,7 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 			ls.mu.Unlock()
 			return Reservation{}, false
 		}
-		l.held, l.until, l.epoch = size, end, epoch
+		l.held, l.live, l.until, l.epoch = size, true, end, epoch
 		l.take(r.dims, cost)
 		ls.mu.Unlock()
 		return Reservation{OK: true, Epoch: epoch}, true
@@ -251,6 +256,9 @@ func (ls *leases) expire(r *Redis, key string, l *lease) {
 		return // Close gives it back; a lease call resets the timer
 	}
 	now := time.Now()
+	if !now.Before(l.until) {
+		l.live = false
+	}
 	if next := later(l.until, l.plain); now.Before(next) {
 		l.timer.Reset(next.Sub(now))
 		ls.mu.Unlock()
@@ -270,7 +278,7 @@ func (ls *leases) drop(key string) {
 	defer ls.mu.Unlock()
 	if l := ls.keys[key]; l != nil {
 		clear(l.held)
-		l.until = time.Time{}
+		l.live, l.until = false, time.Time{}
 		l.plain = time.Now().Add(ls.ttl)
 		l.dropped = l.taking != nil
 	}
