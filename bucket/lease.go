@@ -46,7 +46,9 @@ const (
 // most Burst + Rate*T + P*L, where P is the number of processes and L the
 // most a lease holds (k times a call's cost, at most a quarter of the
 // burst): a process may hand out, after a pause or a decrease that
-// another process learnt, what it leased before, for at most ttl. A
+// another process learnt, what it leased before, for at most ttl (and
+// the lateness of a timer: a lease's timer, not a clock read on each
+// call, ends it). A
 // leased call's Reservation has Delay 0 and the lease's Epoch.
 //
 // It panics if k is not between 2 and 10,000 or ttl not between 10 ms
