@@ -375,8 +375,8 @@ type Settler interface {
 // a call that was served: its slot had come (Wait or WaitMax returned, or a
 // Reserve's Delay passed), whether or not it was then sent. A refund so
 // made is capacity that every reservation still waiting had counted as
-// taken, and on a Redis bucket (or a Route to one) their slots move up by
-// it (see WaitMax). A refund through Adjust may be a reservation's that
+// taken, and on a Redis or Local bucket (or a Route to one) their slots
+// move up by it (see WaitMax). A refund through Adjust may be a reservation's that
 // was never served, and moves up only the end of the queue: behind the
 // waiters, that is where the capacity it gives back lies. Settle is
 // b.Settle where b is a Settler, and b.Adjust where not.
@@ -410,10 +410,10 @@ func Wait(ctx context.Context, b Bucket, key string, cost Cost) (Reservation, er
 // not count on. A waiter whose slot is that far off asks the bucket, with
 // one read, where the end of the queue now is, and moves its slot up to it
 // if that is sooner: it is as if it had reserved anew behind every
-// reservation made so far. On Redis (or a Route to it) it also moves up by
-// the refunds of calls served (Settle) since it reserved, wherever it is
-// in the queue, but never into a pause that came since; a refund through
-// Adjust moves up only the end of the queue. It asks when this process
+// reservation made so far. On Redis and Local (or a Route to them) it
+// also moves up by the refunds of calls served (Settle) since it reserved,
+// wherever it is in the queue, but never into a pause that came since; a
+// refund through Adjust moves up only the end of the queue. It asks when this process
 // refunds the key through a token bucket (Redis, Local, or a Route of
 // them) or tells it of a response that was no refusal (Observe); and, on
 // Redis, for the refunds of the fleet's other processes, which this one

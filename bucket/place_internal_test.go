@@ -66,6 +66,46 @@ func TestCredit(t *testing.T) {
 	assert.InDelta(t, -10, field("fp"), 0.5, "a served refund to the provider's bucket")
 }
 
+// TestLocalCredit: a Local's credits count what Redis's do.
+func TestLocalCredit(t *testing.T) {
+	b := NewLocal(Limit{Rate: 10, Burst: 100}, WithClock(frozenClock(time.Unix(1000, 0))))
+	ctx := context.Background()
+	const key = "k"
+	credit := func(j int) float64 {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return float64(b.keys[key].creditOf(j)) / 1e6
+	}
+	_, err := b.Reserve(ctx, key, N(100), 0)
+	require.NoError(t, err)
+	require.NoError(t, b.Settle(ctx, key, N(-30)))
+	assert.Equal(t, 30.0, credit(0), "a served refund")
+	require.NoError(t, b.Adjust(ctx, key, N(-20)))
+	assert.Equal(t, 30.0, credit(0), "an Adjust refund")
+	require.NoError(t, b.Adjust(ctx, key, N(5)))
+	assert.Equal(t, 25.0, credit(0), "a debit")
+	require.NoError(t, b.Settle(ctx, key, N(-100)))
+	assert.Equal(t, 25.0+55, credit(0), "a refund, up to the burst: from 45 to 100")
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: time.Second}))
+	assert.Equal(t, 80.0-100, credit(0), "a pause")
+	q := adaptive.Quota{Limit: 100, Remaining: 60, Reset: 4 * time.Second, Window: 10 * time.Second}
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
+	b.mu.Lock()
+	life := b.keys[key].life
+	b.mu.Unlock()
+	assert.Equal(t, uint64(1), life, "a new life")
+	q.Remaining = 40
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
+	assert.Equal(t, -20.0, credit(1), "a remaining below the provider's bucket")
+	require.NoError(t, b.Settle(ctx, key, N(-10)))
+	assert.Equal(t, -10.0, credit(1), "a served refund to the provider's bucket")
+}
+
+// frozenClock is a Clock whose time never moves.
+type frozenClock time.Time
+
+func (c frozenClock) Now() time.Time { return time.Time(c) }
+
 // TestCreditStartsAgain: a credit beyond what a double holds exactly
 // starts again from 0 with a new life, which no waiter reads across.
 func TestCreditStartsAgain(t *testing.T) {
