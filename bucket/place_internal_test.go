@@ -186,3 +186,9 @@ func FuzzPlaces(f *testing.F) {
 		assert.False(t, m.After(at.Add(time.Hour)), "moved later")
 	})
 }
+
+// TestPlaceThresholdIsMinMoveUp: the reserve script gives a place to the
+// waits that may move up, those of minMoveUp or more.
+func TestPlaceThresholdIsMinMoveUp(t *testing.T) {
+	assert.Contains(t, reserveScript.src, "if wait >= "+strconv.FormatInt(minMoveUp.Microseconds(), 10)+" then")
+}
