@@ -19,8 +19,9 @@ package bucket
 //	    the refunds of calls served (adjust, served), less every debit and
 //	    every cut that a report or a pause made (optional: 0)
 //	fp  the same of p (optional: 0)
-//	i   the hash's life: raised when p is seeded anew (its credit starts
-//	    again) or the credits start again from 0 (optional: 0)
+//	i   the hash's life: the time the hash was made, in microseconds,
+//	    raised when p is seeded anew (its credit starts again) or the
+//	    credits start again from 0 (optional: 0)
 //
 // A reservation's waiter moves up by the credit given since it reserved
 // (see place in bucket.go): what a served call gave back is capacity that
@@ -198,6 +199,13 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
     full = math.max(full, rx)
   end
   if full > x or pinx > x then
+    if x == 0 then
+      -- A hash made anew (refill found none) starts a life of its own:
+      -- one that Redis lost (a restart, a failover, a flush) must not come
+      -- back with the life it had, whose credit a waiter's place would
+      -- read a difference across (see i).
+      redis.call('HSET', key, 'i', now)
+    end
     x = math.max(full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)), pinx)
     redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at, 'x', x)
     redis.call('PEXPIREAT', key, math.ceil(x / 1000))
