@@ -73,3 +73,48 @@ func TestRecreatedHashGivesNoPhantomCredit(t *testing.T) {
 	assert.GreaterOrEqual(t, w, 1900*time.Millisecond,
 		"W went %v before its slot, on a credit read across the hash's loss", 2*time.Second-w)
 }
+
+// TestCancelledSlotLeavesNoGap: a wait given up (its cost refunded
+// through Adjust) hands its capacity to the end of the queue, and a
+// waiter of another process behind it, which hears of the refund only at
+// its next re-read and then finds the end of the queue already taken,
+// keeps its slot: the cancelled slot's capacity is unused where it lay,
+// and the next reservation lands on the same slot as that waiter. At 10/s
+// with a burst of 20, on an empty key: A (slot 2 s), C (4 s) and, in
+// another process, D (6 s) wait for 20 each; C gives up at 1 s; Z
+// reserves 20 at 1.1 s and gets 6 s too. D and Z go together: 40 within
+// a few milliseconds, where any interval of that length allows 20 and a
+// bit. It fails on f96d504 too: the credit does not make it.
+func TestCancelledSlotLeavesNoGap(t *testing.T) {
+	l := bucket.Limit{Rate: 10, Burst: 20}
+	p1 := bucket.NewRedis(redistest.Client(t), l, bucket.WithFailClosed())
+	p2 := bucket.NewRedis(redistest.Client(t), l, bucket.WithFailClosed())
+	ctx := context.Background()
+	key := uniqueKey(t)
+	start := time.Now()
+	_, err := p1.Reserve(ctx, key, bucket.N(20), 0) // empty
+	require.NoError(t, err)
+	woke := make(chan time.Duration, 4)
+	wait := func(ctx context.Context, b bucket.Bucket) {
+		if _, err := bucket.WaitMax(ctx, b, key, bucket.N(20), time.Minute); err == nil {
+			woke <- time.Since(start)
+		}
+	}
+	go wait(ctx, p1) // A
+	time.Sleep(20 * time.Millisecond)
+	cctx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(time.Second-time.Since(start), cancel)
+	go wait(cctx, p1) // C
+	time.Sleep(20 * time.Millisecond)
+	go wait(ctx, p2) // D
+	time.Sleep(1100*time.Millisecond - time.Since(start))
+	go wait(ctx, p1) // Z
+	var at []time.Duration
+	for range 3 {
+		at = append(at, <-woke)
+	}
+	t.Logf("woke at %v", at)
+	gap := at[2] - at[1]
+	assert.GreaterOrEqual(t, gap, 1900*time.Millisecond,
+		"40 admitted within %v, where the bucket allows %.1f", gap, l.Burst+l.Rate*gap.Seconds())
+}
