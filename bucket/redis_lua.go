@@ -250,17 +250,19 @@ end
 -- the rate in millionths per second and the wait until at (a pause's end);
 -- for the provider's bucket, the same of pt at pr (-1 without it), its
 -- credit and rate; then the hash's life. The credits and the life are the
--- hash's strings, read exactly in Go.
+-- hash's strings, read exactly in Go. The rates are rounded up: a credit
+-- is divided by them, and a rate read low would move a waiter up further
+-- than the credit is worth (1.5 times at 1.5e-6/s, floored).
 local function place(out, key, tk, at, rate, pt, pr)
   local c = redis.call('HMGET', key, 'f', 'fp', 'i')
   local n = #out
   out[n+1] = at - now + deficit(tk, rate)
   out[n+2] = c[1] or '0'
-  out[n+3] = math.floor(rate * 1e6)
+  out[n+3] = math.ceil(rate * 1e6)
   out[n+4] = at - now
   if pt then
     out[n+5] = at - now + deficit(pt, pr)
-    out[n+7] = math.floor(pr * 1e6)
+    out[n+7] = math.ceil(pr * 1e6)
   else
     out[n+5], out[n+7] = -1, 0
   end
