@@ -34,6 +34,11 @@ func TestCredit(t *testing.T) {
 		require.NoError(t, err)
 		return n / 1e6
 	}
+	life := func() int64 {
+		n, err := rdb.HGet(ctx, dim, "i").Int64()
+		require.NoError(t, err)
+		return n
+	}
 	_, err := b.Reserve(ctx, key, N(100), 0) // empty
 	require.NoError(t, err)
 	require.NoError(t, Settle(ctx, b, key, N(-30)))
@@ -56,8 +61,9 @@ func TestCredit(t *testing.T) {
 	// A report seeds the provider's bucket: a life; its remaining then
 	// takes from it.
 	q := adaptive.Quota{Limit: 100, Remaining: 60, Reset: 4 * time.Second, Window: 10 * time.Second}
+	born := life() // when the hash was made
 	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
-	assert.Equal(t, 1.0, field("i")*1e6, "a new life")
+	assert.Equal(t, born+1, life(), "a new life")
 	assert.Equal(t, 0.0, field("fp"))
 	q.Remaining = 40
 	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
@@ -116,11 +122,13 @@ func TestCreditStartsAgain(t *testing.T) {
 	dim := b.dimKey(b.baseKey(key), Requests)
 	_, err := b.Reserve(ctx, key, N(100), 0)
 	require.NoError(t, err)
+	born, err := rdb.HGet(ctx, dim, "i").Int64() // when the hash was made
+	require.NoError(t, err)
 	require.NoError(t, rdb.HSet(ctx, dim, "f", 1<<52-1).Err())
 	require.NoError(t, Settle(ctx, b, key, N(-1)))
 	v, err := rdb.HMGet(ctx, dim, "f", "i").Result()
 	require.NoError(t, err)
-	assert.Equal(t, []any{"0", "1"}, v)
+	assert.Equal(t, []any{"0", strconv.FormatInt(born+1, 10)}, v)
 }
 
 // TestMovedTo: the rule a waiter moves up by, constraint by constraint.

@@ -19,8 +19,9 @@ package bucket
 //	    the refunds of calls served (adjust, served), less every debit and
 //	    every cut that a report or a pause made (optional: 0)
 //	fp  the same of p (optional: 0)
-//	i   the hash's life: raised when p is seeded anew (its credit starts
-//	    again) or the credits start again from 0 (optional: 0)
+//	i   the hash's life: the time the hash was made, in microseconds,
+//	    raised when p is seeded anew (its credit starts again) or the
+//	    credits start again from 0 (optional: 0)
 //
 // A reservation's waiter moves up by the credit given since it reserved
 // (see place in bucket.go): what a served call gave back is capacity that
@@ -198,6 +199,13 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
     full = math.max(full, rx)
   end
   if full > x or pinx > x then
+    if x == 0 then
+      -- A hash made anew (refill found none) starts a life of its own:
+      -- one that Redis lost (a restart, a failover, a flush) must not come
+      -- back with the life it had, whose credit a waiter's place would
+      -- read a difference across (see i).
+      redis.call('HSET', key, 'i', now)
+    end
     x = math.max(full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)), pinx)
     redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at, 'x', x)
     redis.call('PEXPIREAT', key, math.ceil(x / 1000))
@@ -242,17 +250,19 @@ end
 -- the rate in millionths per second and the wait until at (a pause's end);
 -- for the provider's bucket, the same of pt at pr (-1 without it), its
 -- credit and rate; then the hash's life. The credits and the life are the
--- hash's strings, read exactly in Go.
+-- hash's strings, read exactly in Go. The rates are rounded up: a credit
+-- is divided by them, and a rate read low would move a waiter up further
+-- than the credit is worth (1.5 times at 1.5e-6/s, floored).
 local function place(out, key, tk, at, rate, pt, pr)
   local c = redis.call('HMGET', key, 'f', 'fp', 'i')
   local n = #out
   out[n+1] = at - now + deficit(tk, rate)
   out[n+2] = c[1] or '0'
-  out[n+3] = math.floor(rate * 1e6)
+  out[n+3] = math.ceil(rate * 1e6)
   out[n+4] = at - now
   if pt then
     out[n+5] = at - now + deficit(pt, pr)
-    out[n+7] = math.floor(pr * 1e6)
+    out[n+7] = math.ceil(pr * 1e6)
   else
     out[n+5], out[n+7] = -1, 0
   end

@@ -199,6 +199,9 @@ func reservation(cmd *redis.Cmd, dims int) (w int64, epoch uint64, held bool, pl
 	case int64:
 		return v, 0, false, nil, nil
 	case []any:
+		if len(v) < 2 {
+			break // a reply the scripts never give: not indexed
+		}
 		w, ok1 := v[0].(int64)
 		e, ok2 := v[1].(int64)
 		ok := ok1 && ok2 && e >= 0
