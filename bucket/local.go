@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
@@ -62,6 +63,11 @@ type localKey struct {
 	credit []float64
 	life   uint64
 }
+
+// lives numbers the lives of every Local's keys: a key made anew (after
+// a sweep) never has the life of the one before, so no waiter reads a
+// credit across the two.
+var lives atomic.Uint64
 
 // maxCredit is the most a credit holds before it starts again with a new
 // life: far from where a float64 stops counting millionths.
@@ -696,7 +702,7 @@ func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
 // creates it (nil if none does). l.mu must be held.
 func (l *Local) add(key string, now time.Time, first []float64) *localKey {
 	l.sweep(now)
-	k := &localKey{tokens: make([]float64, len(l.dims)), last: now}
+	k := &localKey{tokens: make([]float64, len(l.dims)), last: now, life: lives.Add(1)}
 	if l.start != nil {
 		if t := l.start(key); t.After(now) {
 			k.last = t
