@@ -143,7 +143,21 @@ func (s *scripted) reserveBy(ctx context.Context, script *script, key string, co
 	if err != nil || len(keys) == 0 {
 		return Reservation{OK: err == nil}, nil, servedRedis, err
 	}
-	w, epoch, held, place, err := reservation(s.run(ctx, script, keys, args...), len(keys)-s.stateKeys())
+	v, err := s.run(ctx, script, keys, args...).Result()
+	return s.decided(ctx, key, cost, maxWait, v, err, len(keys)-s.stateKeys())
+}
+
+// decided is the outcome of a reservation of cost from key whose reply
+// from a reserve script over dims dimension keys was v, or whose call
+// failed with err: the fail-open share's if Redis is unavailable.
+func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait time.Duration, v any, err error, dims int) (Reservation, []constraint, server, error) {
+	var w int64
+	var epoch uint64
+	var held bool
+	var place []constraint
+	if err == nil {
+		w, epoch, held, place, err = reservation(v, dims)
+	}
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
 			r, err := sh.reserve(ctx, key, cost, maxWait, !sent(err))
@@ -190,15 +204,14 @@ func micros(n int64) time.Duration {
 // the wait in microseconds, or the wait and the key's epoch, and then 1 if
 // the key is held below this process's limit; or, for a wait that may move
 // up, the wait, the epoch, 0 or 1, and the reservation's place.
-func reservation(cmd *redis.Cmd, dims int) (w int64, epoch uint64, held bool, place []constraint, err error) {
-	v, err := cmd.Result()
-	if err != nil {
-		return 0, 0, false, nil, err
-	}
+func reservation(v any, dims int) (w int64, epoch uint64, held bool, place []constraint, err error) {
 	switch v := v.(type) {
 	case int64:
 		return v, 0, false, nil, nil
 	case []any:
+		if len(v) < 2 {
+			break // a reply the scripts never give
+		}
 		w, ok1 := v[0].(int64)
 		e, ok2 := v[1].(int64)
 		ok := ok1 && ok2 && e >= 0
