@@ -12,8 +12,12 @@ import (
 // maxBatch is the most reservations one script call decides.
 const maxBatch = 64
 
+// maxCalls is the most calls of a key under way at once.
+const maxCalls = 1
+
 // coalescer makes the concurrent reservations of a key in this process
-// one script call (group commit). A reservation of a key with no call of
+// one script call (group commit), while Redis serves (the breaker is
+// closed and no call has failed since the last that worked). A reservation of a key with no call of
 // that key under way runs at once, alone, as it would without one: a
 // caller that does not queue pays a lock and a map entry. One that arrives
 // while a call of the key is under way queues; when that call returns, the
@@ -38,6 +42,7 @@ type coalescer struct {
 
 // lane is a key's queue behind its call under way.
 type lane struct {
+	calls  int // under way, at most maxCalls
 	queued []*pending
 }
 
@@ -64,6 +69,10 @@ func (c *coalescer) begin(key string, p *pending) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if l := c.lanes[key]; l != nil {
+		if l.calls < maxCalls { // then none queue
+			l.calls++
+			return true
+		}
 		if p != nil {
 			l.queued = append(l.queued, p)
 		}
@@ -78,6 +87,7 @@ func (c *coalescer) begin(key string, p *pending) bool {
 	} else {
 		l = &lane{}
 	}
+	l.calls = 1
 	c.lanes[key] = l
 	return true
 }
@@ -88,6 +98,10 @@ func (c *coalescer) next(key string) {
 	c.mu.Lock()
 	l := c.lanes[key]
 	if len(l.queued) == 0 {
+		if l.calls--; l.calls > 0 {
+			c.mu.Unlock()
+			return
+		}
 		delete(c.lanes, key)
 		if len(c.free) < maxBatch {
 			l.queued = l.queued[:0]
@@ -136,6 +150,12 @@ func (r *Redis) reserveBy(ctx context.Context, key string, cost Cost, maxWait ti
 	c := &r.co
 	if c.begin(key, nil) {
 		defer c.next(key)
+		return r.scripted.reserveBy(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
+	}
+	if !r.fo.healthy() {
+		// The call under way may be a probe of a Redis that failed, or
+		// meet a timeout: a call queued behind it would wait for it, where
+		// alone it is turned away at once (see WithRedisBreaker).
 		return r.scripted.reserveBy(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
 	}
 	amounts, err := r.amounts(key, cost)
