@@ -80,7 +80,9 @@ func (r *Redis) Settle(ctx context.Context, key string, delta Cost) error {
 	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[1], r.span, r.flags())
 }
 
-// reserveAt implements moveUp.
+// reserveAt implements moveUp: Reserve for WaitMax, which counts its wait
+// among the waiters itself; the slot may move up unless a fail-open share
+// served it, whose reservations Redis does not hold.
 func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error) {
 	res, place, by, err := r.reserveBy(ctx, key, cost, maxWait)
 	r.m.reserved(key, cost, res, err, by, true)

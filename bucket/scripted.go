@@ -121,15 +121,6 @@ func (s *scripted) reserve(ctx context.Context, script *script, key string, cost
 	return r, err
 }
 
-// reserveAt is reserve for WaitMax, which counts its wait among the
-// waiters itself; the slot may move up unless a fail-open share served
-// it, whose reservations Redis does not hold (see moveUp).
-func (s *scripted) reserveAt(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, slotMove, error) {
-	r, place, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
-	s.m.reserved(key, cost, r, err, by, true)
-	return r, slotMove{movable: by != servedShare, place: place}, err
-}
-
 // shared implements moveUp: the fleet charges a key on Redis.
 func (s *scripted) shared(string) bool { return true }
 
