@@ -19,6 +19,7 @@ type Redis struct {
 	scripted
 	adapt adaptation
 	span  any // adapt.span in microseconds, formatted
+	co    coalescer
 }
 
 var _ Bucket = (*Redis)(nil)
@@ -59,9 +60,13 @@ func tokenParam(d dim) any {
 }
 
 // Reserve implements Bucket with one call to Redis (or none, if cost charges
-// no limited dimension).
+// no limited dimension). Concurrent reservations of a key from this
+// process share calls: those that arrive while one of the key is under
+// way are decided together, in order, in the next (see coalescer).
 func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
-	return r.reserve(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
+	res, _, by, err := r.reserveBy(ctx, key, cost, maxWait)
+	r.m.reserved(key, cost, res, err, by, false)
+	return res, err
 }
 
 // Adjust implements Bucket with one call to Redis.
@@ -75,9 +80,13 @@ func (r *Redis) Settle(ctx context.Context, key string, delta Cost) error {
 	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[1], r.span, r.flags())
 }
 
-// reserveAt implements moveUp.
+// reserveAt implements moveUp: Reserve for WaitMax, which counts its wait
+// among the waiters itself; the slot may move up unless a fail-open share
+// served it, whose reservations Redis does not hold.
 func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error) {
-	return r.scripted.reserveAt(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
+	res, place, by, err := r.reserveBy(ctx, key, cost, maxWait)
+	r.m.reserved(key, cost, res, err, by, true)
+	return res, slotMove{movable: by != servedShare, place: place}, err
 }
 
 // earliest implements moveUp with one call to Redis: the places of the
