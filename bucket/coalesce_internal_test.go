@@ -3,8 +3,6 @@ package bucket
 import (
 	"context"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -59,9 +57,9 @@ func TestBatchDecidesAsSerialCalls(t *testing.T) {
 		require.NoError(t, err)
 		batch[i] = &pending{ctx: ctx, cost: c.cost, maxWait: c.maxWait, amounts: a, ch: make(chan []*pending, 1)}
 	}
-	calls0 := scriptCalls(t, rdb)
+	calls0 := redistest.ScriptCalls(t, rdb)
 	r.runBatch("batch", batch)
-	assert.Equal(t, int64(1), scriptCalls(t, rdb)-calls0, "one script call for the batch")
+	assert.Equal(t, int64(1), redistest.ScriptCalls(t, rdb)-calls0, "one script call for the batch")
 
 	kinds := map[string]int{}
 	for i, p := range batch {
@@ -98,24 +96,4 @@ func TestBatchDecidesAsSerialCalls(t *testing.T) {
 	tb, err := r.Tokens(ctx, "batch")
 	require.NoError(t, err)
 	assert.Equal(t, ts, tb)
-}
-
-// scriptCalls returns the script calls (EVAL, EVALSHA) rdb's server has
-// served.
-func scriptCalls(t testing.TB, rdb redis.UniversalClient) int64 {
-	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	require.NoError(t, err)
-	var n int64
-	for line := range strings.Lines(info) {
-		name, stats, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if name != "cmdstat_eval" && name != "cmdstat_evalsha" {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
-		c, err := strconv.ParseInt(calls, 10, 64)
-		require.NoError(t, err, line)
-		n += c
-	}
-	return n
 }

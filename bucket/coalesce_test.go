@@ -5,8 +5,6 @@ import (
 	"errors"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,26 +17,6 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
-
-// evalCalls returns the script calls (EVAL, EVALSHA) rdb's server has
-// served.
-func evalCalls(t testing.TB, rdb *redis.Client) int64 {
-	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	require.NoError(t, err)
-	var n int64
-	for line := range strings.Lines(info) {
-		name, stats, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if name != "cmdstat_eval" && name != "cmdstat_evalsha" {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
-		c, err := strconv.ParseInt(calls, 10, 64)
-		require.NoError(t, err, line)
-		n += c
-	}
-	return n
-}
 
 // TestCoalescedMatchesSerial: 64 goroutines reserving one key at once,
 // coalesced, get the slots that 64 calls one after another get, on a
@@ -80,9 +58,9 @@ func TestCoalescedMatchesSerial(t *testing.T) {
 		return out
 	}
 	serial := outcomes(bucket.NewRedis(rdb, lim, bucket.WithoutCoalescing()), "serial", false)
-	calls0 := evalCalls(t, rdb)
+	calls0 := redistest.ScriptCalls(t, rdb)
 	coalesced := outcomes(bucket.NewRedis(rdb, lim), "coalesced", true)
-	calls := evalCalls(t, rdb) - calls0
+	calls := redistest.ScriptCalls(t, rdb) - calls0
 
 	want := make([]time.Duration, 0, n)
 	for range n - 10 - 30 {
@@ -117,7 +95,7 @@ func TestCoalescedConservation(t *testing.T) {
 		require.NoError(t, err)
 	}
 	var admitted, calls atomic.Int64
-	scripts0 := evalCalls(t, plainClient(t, addr))
+	scripts0 := redistest.ScriptCalls(t, plainClient(t, addr))
 	start := time.Now()
 	end := start.Add(span)
 	var wg sync.WaitGroup
@@ -154,7 +132,7 @@ func TestCoalescedConservation(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	scripts := evalCalls(t, plainClient(t, addr)) - scripts0
+	scripts := redistest.ScriptCalls(t, plainClient(t, addr)) - scripts0
 	t.Logf("%d decisions in %d script calls", calls.Load(), scripts)
 	assert.Less(t, scripts, calls.Load(), "coalesced")
 	assertConserved(t, lim, admitted.Load(), span, "coalesced, 3 processes")
