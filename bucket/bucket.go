@@ -371,15 +371,15 @@ type Settler interface {
 	Settle(ctx context.Context, key string, delta Cost) error
 }
 
-// Settle changes what key has been charged by delta, as b.Adjust does, for
-// a call that was served: its slot had come (Wait or WaitMax returned, or a
-// Reserve's Delay passed), whether or not it was then sent. A refund so
-// made is capacity that every reservation still waiting had counted as
-// taken, and on a Redis bucket (or a Route to one) their slots move up by
-// it (see WaitMax). A refund through Adjust may be a reservation's that
-// was never served, and moves up only the end of the queue: behind the
-// waiters, that is where the capacity it gives back lies. Settle is
-// b.Settle where b is a Settler, and b.Adjust where not.
+// Settle changes what key has been charged by delta, as b.Adjust does, for a
+// call that was served: its slot had come (Wait or WaitMax returned, or a
+// Reserve's Delay passed), whether or not it was then sent. A refund so made
+// is capacity that every reservation still waiting had counted as taken, and
+// on a Redis or Local bucket (or a Route to one) their slots move up by it
+// (see WaitMax). A refund through Adjust may be a reservation's that was
+// never served, and moves up only the end of the queue: behind the waiters,
+// that is where the capacity it gives back lies. Settle is b.Settle where b
+// is a Settler, and b.Adjust where not.
 func Settle(ctx context.Context, b Bucket, key string, delta Cost) error {
 	if s, ok := b.(Settler); ok {
 		return s.Settle(ctx, key, delta)
@@ -405,24 +405,24 @@ func Wait(ctx context.Context, b Bucket, key string, cost Cost) (Reservation, er
 // waiters get successive slots and wake one after another.
 //
 // A slot a quarter of a second off or more may move up: a refund (a call
-// that used less than it reserved, such as an LLM call's unused
-// max_tokens) gives back capacity that the slots reserved before it did
-// not count on. A waiter whose slot is that far off asks the bucket, with
-// one read, where the end of the queue now is, and moves its slot up to it
-// if that is sooner: it is as if it had reserved anew behind every
-// reservation made so far. On Redis (or a Route to it) it also moves up by
-// the refunds of calls served (Settle) since it reserved, wherever it is
-// in the queue, but never into a pause that came since; a refund through
-// Adjust moves up only the end of the queue. It asks when this process
-// refunds the key through a token bucket (Redis, Local, or a Route of
-// them) or tells it of a response that was no refusal (Observe); and, on
-// Redis, for the refunds of the fleet's other processes, which this one
-// does not hear of, unasked after a quarter of what is left of its wait
-// and at least half a second after it last asked (a wait of 20 s with no
-// refund asks about a dozen times). The waiters of a key that one event
-// wakes share one read. Before, with every goroutine asleep until its
-// slot, what refunds gave back went unused until then. A slot that a
-// fail-open share gave (see WithFailOpen) does not move.
+// that used less than it reserved, such as an LLM call's unused max_tokens)
+// gives back capacity that the slots reserved before it did not count on. A
+// waiter whose slot is that far off asks the bucket, with one read, where
+// the end of the queue now is, and moves its slot up to it if that is
+// sooner: it is as if it had reserved anew behind every reservation made so
+// far. On Redis and Local (or a Route to them) it also moves up by the
+// refunds of calls served (Settle) since it reserved, wherever it is in the
+// queue, but never into a pause that came since; a refund through Adjust
+// moves up only the end of the queue. It asks when this process refunds the
+// key through a token bucket (Redis, Local, or a Route of them) or tells it
+// of a response that was no refusal (Observe); and, on Redis, for the
+// refunds of the fleet's other processes, which this one does not hear of,
+// unasked after a quarter of what is left of its wait and at least half a
+// second after it last asked (a wait of 20 s with no refund asks about a
+// dozen times). The waiters of a key that one event wakes share one read.
+// Before, with every goroutine asleep until its slot, what refunds gave back
+// went unused until then. A slot that a fail-open share gave (see
+// WithFailOpen) does not move.
 func WaitMax(ctx context.Context, b Bucket, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	if err := ctx.Err(); err != nil {
 		return Reservation{}, err

@@ -385,6 +385,12 @@ func (f *failover) stateChanged(from, to gobreaker.State) {
 	}
 }
 
+// healthy reports whether Redis serves: the breaker is closed, and no
+// call has gone to the share since the last that worked.
+func (f *failover) healthy() bool {
+	return !f.failing.Load() && f.cb.State() == gobreaker.StateClosed
+}
+
 // metricState is Redis's state for the metrics: 0 serving, 1 unavailable
 // and failing open, 2 unavailable and failing closed, 3 misconfigured.
 func (f *failover) metricState() int {

@@ -1,9 +1,7 @@
 package bucket_test
 
 import (
-	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,7 +18,7 @@ import (
 )
 
 // leaseRedis returns a client of a redis-server of the test's own, whose
-// script calls scriptCalls counts.
+// script calls redistest.ScriptCalls counts.
 func leaseRedis(t *testing.T) *redis.Client {
 	t.Helper()
 	srv := redistest.Own(t)
@@ -29,30 +27,10 @@ func leaseRedis(t *testing.T) *redis.Client {
 	return rdb
 }
 
-// scriptCalls returns how many script calls rdb's server has served. b's
-// first contact with Redis is made first, which may run one.
+// warm makes b's first contact with Redis, which may run a script.
 func warm(t *testing.T, b *bucket.Redis) {
 	t.Helper()
 	leaseTokens(t, b, "warm")
-}
-
-// scriptCalls returns how many script calls rdb's server has served.
-func scriptCalls(t *testing.T, rdb *redis.Client) int64 {
-	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	require.NoError(t, err)
-	var n int64
-	for line := range strings.Lines(info) {
-		name, stats, _ := strings.Cut(strings.TrimSpace(line), ":")
-		if name != "cmdstat_evalsha" && name != "cmdstat_eval" {
-			continue
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(stats, "calls="), ",")
-		v, err := strconv.ParseInt(calls, 10, 64)
-		require.NoError(t, err)
-		n += v
-	}
-	return n
 }
 
 func leaseTokens(t *testing.T, b *bucket.Redis, key string) bucket.Cost {
@@ -86,19 +64,19 @@ func TestLeaseServesLocallyAndGivesBack(t *testing.T) {
 	b := bucket.NewRedis(rdb, lim, bucket.WithLeasing(100, ttl))
 	t.Cleanup(func() { b.Close() })
 	warm(t, b)
-	calls0 := scriptCalls(t, rdb)
+	calls0 := redistest.ScriptCalls(t, rdb)
 	for i := range 100 {
 		r, err := b.Reserve(ctx, "k", bucket.N(1), 0)
 		require.NoError(t, err)
 		require.True(t, r.OK)
 		require.Zero(t, r.Delay)
 		if i == 0 {
-			assert.Equal(t, calls0+1, scriptCalls(t, rdb), "the first takes a lease")
+			assert.Equal(t, calls0+1, redistest.ScriptCalls(t, rdb), "the first takes a lease")
 		}
 	}
-	assert.Equal(t, calls0+1, scriptCalls(t, rdb), "the lease serves k calls")
+	assert.Equal(t, calls0+1, redistest.ScriptCalls(t, rdb), "the lease serves k calls")
 	assert.InDelta(t, 900, leaseTokens(t, b, "k")[bucket.Requests], 0.5)
-	calls0 = scriptCalls(t, rdb)
+	calls0 = redistest.ScriptCalls(t, rdb)
 
 	// WaitMax (reserveAt) is served by the next lease too.
 	for range 10 {
@@ -106,7 +84,7 @@ func TestLeaseServesLocallyAndGivesBack(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, r.OK)
 	}
-	assert.Equal(t, calls0+1, scriptCalls(t, rdb), "one lease for ten WaitMax")
+	assert.Equal(t, calls0+1, redistest.ScriptCalls(t, rdb), "one lease for ten WaitMax")
 	assert.InDelta(t, 800, leaseTokens(t, b, "k")[bucket.Requests], 0.5)
 
 	// Idle: the 90 left go back at the ttl.
@@ -132,10 +110,10 @@ func TestLeaseCloseGivesBack(t *testing.T) {
 		assert.InDelta(t, 999, leaseTokens(t, b, key)[bucket.Requests], 0.5)
 	}
 	require.NoError(t, b.Close(), "a second Close does nothing")
-	calls0 := scriptCalls(t, rdb)
+	calls0 := redistest.ScriptCalls(t, rdb)
 	_, err := b.Reserve(ctx, "a", bucket.N(1), 0)
 	require.NoError(t, err)
-	assert.Equal(t, calls0+1, scriptCalls(t, rdb))
+	assert.Equal(t, calls0+1, redistest.ScriptCalls(t, rdb))
 	assert.InDelta(t, 998, leaseTokens(t, b, "a")[bucket.Requests], 0.5)
 }
 
@@ -186,11 +164,11 @@ func TestLeaseDroppedByOwnRefusal(t *testing.T) {
 	_, err := b.Reserve(ctx, "k", bucket.N(1), 0)
 	require.NoError(t, err)
 	require.NoError(t, b.Observe(ctx, "k", adaptive.Feedback{Class: adaptive.RateLimited}))
-	calls0 := scriptCalls(t, rdb)
+	calls0 := redistest.ScriptCalls(t, rdb)
 	r, err := b.Reserve(ctx, "k", bucket.N(1), 0)
 	require.NoError(t, err)
 	require.True(t, r.OK)
-	assert.Equal(t, calls0+1, scriptCalls(t, rdb), "a plain reservation")
+	assert.Equal(t, calls0+1, redistest.ScriptCalls(t, rdb), "a plain reservation")
 	assert.InDelta(t, 899, leaseTokens(t, b, "k")[bucket.Requests], 0.5, "the lease was not given back")
 	require.NoError(t, b.Close())
 	assert.InDelta(t, 899, leaseTokens(t, b, "k")[bucket.Requests], 0.5, "nor at Close")
@@ -233,13 +211,13 @@ func TestLeaseTwoDimensions(t *testing.T) {
 	t.Cleanup(func() { b.Close() })
 	cost := bucket.Cost{bucket.Requests: 1, bucket.Tokens: 500} // 50 calls: a quarter of the tokens' burst
 	warm(t, b)
-	calls0 := scriptCalls(t, rdb)
+	calls0 := redistest.ScriptCalls(t, rdb)
 	for range 50 {
 		r, err := b.Reserve(ctx, "k", cost, 0)
 		require.NoError(t, err)
 		require.True(t, r.OK)
 	}
-	assert.Equal(t, calls0+1, scriptCalls(t, rdb))
+	assert.Equal(t, calls0+1, redistest.ScriptCalls(t, rdb))
 	tk := leaseTokens(t, b, "k")
 	assert.InDelta(t, 950, tk[bucket.Requests], 0.5)
 	assert.InDelta(t, 75_000, tk[bucket.Tokens], 0.5)

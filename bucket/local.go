@@ -4,7 +4,9 @@ import (
 	"context"
 	"math"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
@@ -53,6 +55,44 @@ type localKey struct {
 	// remaining as well as its rate and burst (which rate and burst then
 	// hold): its tokens, NaN where there is none. nil: none at all.
 	provider []float64
+
+	// credit is what the places of WaitMax's waiters rest on (see
+	// constraint): for each dimension, the credit of its tokens, then of
+	// its provider bucket's, in tokens (nil: none yet); life changes when
+	// they start again.
+	credit []float64
+	life   uint64
+}
+
+// lives numbers the lives of every Local's keys: a key made anew (after
+// a sweep) never has the life of the one before, so no waiter reads a
+// credit across the two.
+var lives atomic.Uint64
+
+// maxCredit is the most a credit holds before it starts again with a new
+// life: far from where a float64 stops counting millionths.
+const maxCredit = 1 << 32
+
+// addCredit adds d to credit j (see localKey.credit).
+func (k *localKey) addCredit(j int, d float64) {
+	if d == 0 || math.IsNaN(d) {
+		return
+	}
+	if k.credit == nil {
+		k.credit = make([]float64, 2*len(k.tokens))
+	}
+	if k.credit[j] += d; math.Abs(k.credit[j]) > maxCredit {
+		clear(k.credit)
+		k.life++
+	}
+}
+
+// creditOf is credit j in millionths.
+func (k *localKey) creditOf(j int) int64 {
+	if k.credit == nil {
+		return 0
+	}
+	return int64(math.Round(k.credit[j] * 1e6))
 }
 
 // prov returns dimension i's provider bucket: its tokens, rate and burst,
@@ -105,13 +145,14 @@ const inlineDims = 8
 
 // Reserve implements Bucket.
 func (l *Local) Reserve(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
-	return l.reserve(key, cost, maxWait, false)
+	return l.reserve(key, cost, maxWait, false, nil)
 }
 
 // reserveAt implements moveUp.
 func (l *Local) reserveAt(_ context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error) {
-	r, err := l.reserve(key, cost, maxWait, true)
-	return r, slotMove{movable: true}, err
+	var place []constraint
+	r, err := l.reserve(key, cost, maxWait, true, &place)
+	return r, slotMove{movable: true, place: place}, err
 }
 
 // shared implements moveUp: a Local's keys are this process's.
@@ -120,8 +161,10 @@ func (l *Local) shared(string) bool { return false }
 // waiters implements moveUp.
 func (l *Local) waiters(string) *waiters { return l.m.waiters() }
 
-// reserve is Reserve, recording it (see meters.reserved on counted).
-func (l *Local) reserve(key string, cost Cost, maxWait time.Duration, counted bool) (Reservation, error) {
+// reserve is Reserve, recording it (see meters.reserved on counted), and
+// setting *place, if place is not nil, to the place of a wait that may
+// move up.
+func (l *Local) reserve(key string, cost Cost, maxWait time.Duration, counted bool, place *[]constraint) (Reservation, error) {
 	if key == "" {
 		return l.invalid(key, cost, ErrInvalidKey)
 	}
@@ -167,12 +210,42 @@ func (l *Local) reserve(key string, cost Cost, maxWait time.Duration, counted bo
 				k.provider[i] -= c // NaN stays NaN
 			}
 		}
+		if place != nil && w >= minMoveUp {
+			*place = l.constraints(k, a, f, now)
+		}
 	}
 	l.mu.Unlock()
 	if l.m != nil {
 		l.m.reserved(key, cost, r, nil, servedLocal, counted)
 	}
 	return r, nil
+}
+
+// constraints returns, for each dimension that a charges, in order, its
+// tokens' and its provider bucket's constraint (see constraint) as k is at
+// now, with fraction f: when its debt is paid, its credit, its rate, and
+// the end of k's pause. l.mu must be held.
+func (l *Local) constraints(k *localKey, a []float64, f float64, now time.Time) []constraint {
+	wall := time.Now()
+	from := wall.Add(max(k.last.Sub(now), 0))
+	life := strconv.FormatUint(k.life, 10)
+	n := len(l.dims)
+	var cs []constraint
+	for i, c := range a {
+		if c == 0 {
+			continue
+		}
+		r := l.rate(k, i, f)
+		tk := constraint{ok: true, at: from.Add(wait.Seconds(max(-k.tokens[i], 0) / r)), from: from,
+			credit: k.creditOf(i), rate: r, life: life}
+		pv := constraint{from: from, life: life}
+		if pt, pr, _, ok := k.prov(i); ok {
+			pv = constraint{ok: true, at: from.Add(wait.Seconds(max(-pt, 0) / pr)), from: from,
+				credit: k.creditOf(n + i), rate: pr, life: life}
+		}
+		cs = append(cs, tk, pv)
+	}
+	return cs
 }
 
 // amounts returns c's amount for each of l's dimensions, in their order,
@@ -204,41 +277,42 @@ func (l *Local) invalid(key string, cost Cost, err error) (Reservation, error) {
 
 func (l *Local) refunds() *refunds { return &l.waiting }
 
-// earliest implements moveUp: the end of key's queue (a Local keeps no
-// places).
-func (l *Local) earliest(ctx context.Context, key string, cost Cost) (queue, error) {
-	d, err := l.endOf(key, cost)
-	return queue{end: time.Now().Add(d)}, err
-}
-
-// endOf returns how long until cost could be taken from key if it were
-// reserved now, behind every reservation so far.
-func (l *Local) endOf(key string, cost Cost) (time.Duration, error) {
+// earliest implements moveUp: the end of key's queue in each bucket that
+// cost charges, with its credit.
+func (l *Local) earliest(_ context.Context, key string, cost Cost) (queue, error) {
 	if key == "" {
-		return 0, ErrInvalidKey
+		return queue{}, ErrInvalidKey
 	}
 	var buf [inlineDims]float64
 	a := l.amounts(cost, buf[:])
 	now := l.clock.Now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	k := l.advance(key, now, nil)
-	f := l.fraction(k, now)
-	var secs float64 // after k.last
-	for i, c := range a {
-		if c == 0 {
-			continue
-		}
-		secs = max(secs, -k.tokens[i]/l.rate(k, i, f))
-		if pt, pr, _, ok := k.prov(i); ok {
-			secs = max(secs, -pt/pr)
+	cs := l.constraints(k, a, l.fraction(k, now), now)
+	l.mu.Unlock()
+	q := queue{end: time.Now(), cons: cs}
+	for _, c := range cs {
+		if c.ok {
+			q.end = later(q.end, c.at)
 		}
 	}
-	return wait.Add(wait.Seconds(secs), max(k.last.Sub(now), 0)), nil
+	return q, nil
 }
 
 // Adjust implements Bucket.
 func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
+	return l.adjust(key, delta, false)
+}
+
+// Settle implements Settler: a refund moves up every waiter (see the
+// package function Settle).
+func (l *Local) Settle(_ context.Context, key string, delta Cost) error {
+	return l.adjust(key, delta, true)
+}
+
+// adjust is Adjust, of a served call's delta if served: a refund is
+// credited then; a debit always is, negative.
+func (l *Local) adjust(key string, delta Cost, served bool) error {
 	if key == "" {
 		return ErrInvalidKey
 	}
@@ -255,17 +329,25 @@ func (l *Local) Adjust(_ context.Context, key string, delta Cost) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.advance(key, now, nil)
+	n := len(l.dims)
 	for i, d := range l.dims {
 		// A debit takes at most a burst: no call can cost more (see Adjust).
 		debit := min(a[i], l.maxDebit[i])
+		tk := k.tokens[i]
 		k.tokens[i] = min(k.tokens[i]-debit, l.burst(k, i, l.fraction(k, now)))
-		if _, _, pb, ok := k.prov(i); ok {
-			k.provider[i] = min(k.provider[i]-debit, pb)
+		if pt, _, pb, ok := k.prov(i); ok {
+			k.provider[i] = min(pt-debit, pb)
+			if ch := k.provider[i] - pt; served || ch < 0 {
+				k.addCredit(n+i, ch)
+			}
 		}
 		if k.last.After(now) && !d.window() { // a window is not paused (see Observe)
 			// Paused: the bucket stays empty at the pause's end, or what a
 			// refund gave back would go out all at once then.
 			k.tokens[i] = min(k.tokens[i], 0)
+		}
+		if ch := k.tokens[i] - tk; served || ch < 0 {
+			k.addCredit(i, ch)
 		}
 	}
 	return nil
@@ -293,6 +375,11 @@ func (l *Local) observe(key string, fb adaptive.Feedback) (decreased, paused boo
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := l.advance(key, now, nil)
+	if fb.Class != adaptive.Accepted || reports != nil {
+		// What it may cut from the tokens beyond time is debited from
+		// the credits.
+		defer l.debitCuts(k, l.before(k, now))
+	}
 	if rated {
 		// The provider says what its limit is: that replaces what
 		// refusals taught.
@@ -387,6 +474,56 @@ func (l *Local) observe(key string, fb adaptive.Feedback) (decreased, paused boo
 		k.tokens[i] = min(k.tokens[i], l.burst(k, i, f))
 	}
 	return decreased, paused
+}
+
+// tokensBefore is a key's tokens before observe changes them, and how
+// they were refilling: by dimension, its own, then its provider bucket's
+// (NaN tokens: none).
+type tokensBefore struct {
+	last                time.Time
+	tokens, rate, burst []float64
+}
+
+// before returns k's tokensBefore at now. l.mu must be held.
+func (l *Local) before(k *localKey, now time.Time) tokensBefore {
+	n := len(l.dims)
+	b := tokensBefore{last: k.last, tokens: make([]float64, 2*n), rate: make([]float64, 2*n), burst: make([]float64, 2*n)}
+	f := l.fraction(k, now)
+	for i := range n {
+		b.tokens[i], b.rate[i], b.burst[i] = k.tokens[i], l.rate(k, i, f), l.burst(k, i, f)
+		b.tokens[n+i] = math.NaN()
+		if pt, pr, pb, ok := k.prov(i); ok {
+			b.tokens[n+i], b.rate[n+i], b.burst[n+i] = pt, pr, pb
+		}
+	}
+	return b
+}
+
+// debitCuts debits from k's credits what observe took from its tokens
+// beyond time since b, against what time alone would have left by the end
+// of its pause; a provider bucket seeded anew starts a new life. l.mu must
+// be held.
+func (l *Local) debitCuts(k *localKey, b tokensBefore) {
+	n := len(l.dims)
+	dt := k.last.Sub(b.last).Seconds()
+	for i := range n {
+		if left := min(b.burst[i], b.tokens[i]+dt*b.rate[i]); k.tokens[i] < left {
+			k.addCredit(i, k.tokens[i]-left)
+		}
+		pt, _, _, ok := k.prov(i)
+		switch {
+		case !ok:
+		case math.IsNaN(b.tokens[n+i]):
+			k.life++
+			if k.credit != nil {
+				k.credit[n+i] = 0
+			}
+		default:
+			if left := min(b.burst[n+i], b.tokens[n+i]+dt*b.rate[n+i]); pt < left {
+				k.addCredit(n+i, pt-left)
+			}
+		}
+	}
 }
 
 // reports returns fb's quotas for l's dimensions, bounded (nil if there are
@@ -565,7 +702,7 @@ func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
 // creates it (nil if none does). l.mu must be held.
 func (l *Local) add(key string, now time.Time, first []float64) *localKey {
 	l.sweep(now)
-	k := &localKey{tokens: make([]float64, len(l.dims)), last: now}
+	k := &localKey{tokens: make([]float64, len(l.dims)), last: now, life: lives.Add(1)}
 	if l.start != nil {
 		if t := l.start(key); t.After(now) {
 			k.last = t

@@ -214,19 +214,24 @@ func TestWaitReadsPerAdmission(t *testing.T) {
 // (the refund of a cancelled wait is an Adjust then; the other waits are
 // on the bucket itself): the second run fails.
 func TestFleetConservationWithRefundsAndCancels(t *testing.T) {
+	l := bucket.Limit{Rate: 40, Burst: 20}
 	for _, wrap := range []bool{false, true} {
 		t.Run(fmt.Sprintf("wrapped=%v", wrap), func(t *testing.T) {
-			fleetConservation(t, wrap)
+			var procs []bucket.Bucket
+			for range 3 {
+				procs = append(procs, bucket.NewRedis(redistest.Client(t), l, bucket.WithFailClosed()))
+			}
+			fleetConservation(t, l, procs, wrap)
 		})
 	}
+	// One process's Local, its goroutines in three groups.
+	t.Run("local", func(t *testing.T) {
+		loc := bucket.NewLocal(l)
+		fleetConservation(t, l, []bucket.Bucket{loc, loc, loc}, false)
+	})
 }
 
-func fleetConservation(t *testing.T, wrap bool) {
-	l := bucket.Limit{Rate: 40, Burst: 20}
-	var procs []*bucket.Redis
-	for range 3 {
-		procs = append(procs, bucket.NewRedis(redistest.Client(t), l, bucket.WithFailClosed()))
-	}
+func fleetConservation(t *testing.T, l bucket.Limit, procs []bucket.Bucket, wrap bool) {
 	key := uniqueKey(t)
 	ctx := context.Background()
 	type event struct {

@@ -69,6 +69,7 @@ type config struct {
 	redis   redisPolicy   // failover.go
 	metrics metricsConfig // metrics.go
 	lease   time.Duration // NewInFlight's; 0: defaultLease
+	single  bool          // WithoutCoalescing
 	leasing leaseConfig   // NewRedis's (lease.go)
 }
 
@@ -143,6 +144,17 @@ func WithPolicy(p adaptive.Policy) Option {
 		}
 		c.policy = law.WithDefaults(p)
 	}}
+}
+
+// WithoutCoalescing makes a Redis bucket send each reservation in a call
+// of its own. By default, the reservations of a key that arrive while a
+// call of that key is under way in this process wait for it and then go
+// together in one call, each decided exactly as if it had called alone
+// (see Redis.Reserve): under contention, fewer calls per decision and
+// more decisions per second (BenchmarkRedis in compat/bucket:
+// docs/performance.md gives the figures); alone, no different.
+func WithoutCoalescing() Option {
+	return option{"WithoutCoalescing", forRedis, func(c *config) { c.single = true }}
 }
 
 // newConfig applies opts over the defaults for backend, made by the

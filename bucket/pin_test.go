@@ -85,7 +85,7 @@ func TestAgreeingLimits(t *testing.T) {
 	assert.Equal(t, 80.0, tokens[bucket.Requests])
 	fields, err := cr.HKeys("sluice:{k}:requests")
 	require.NoError(t, err)
-	assert.ElementsMatch(t, []string{"t", "ts", "x", "cr", "crx", "cb", "cbx"}, fields)
+	assert.ElementsMatch(t, []string{"t", "ts", "x", "i", "cr", "crx", "cb", "cbx"}, fields) // i: when the hash was made
 	assert.Equal(t, cr.HGet("sluice:{k}:requests", "crx"), cr.HGet("sluice:{k}:requests", "cbx"))
 	assert.Equal(t, "1796040001123456", cr.HGet("sluice:{k}:requests", "crx"), "written by the first call only")
 }

@@ -34,6 +34,11 @@ func TestCredit(t *testing.T) {
 		require.NoError(t, err)
 		return n / 1e6
 	}
+	life := func() int64 {
+		n, err := rdb.HGet(ctx, dim, "i").Int64()
+		require.NoError(t, err)
+		return n
+	}
 	_, err := b.Reserve(ctx, key, N(100), 0) // empty
 	require.NoError(t, err)
 	require.NoError(t, Settle(ctx, b, key, N(-30)))
@@ -56,8 +61,9 @@ func TestCredit(t *testing.T) {
 	// A report seeds the provider's bucket: a life; its remaining then
 	// takes from it.
 	q := adaptive.Quota{Limit: 100, Remaining: 60, Reset: 4 * time.Second, Window: 10 * time.Second}
+	born := life() // when the hash was made
 	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
-	assert.Equal(t, 1.0, field("i")*1e6, "a new life")
+	assert.Equal(t, born+1, life(), "a new life")
 	assert.Equal(t, 0.0, field("fp"))
 	q.Remaining = 40
 	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
@@ -65,6 +71,49 @@ func TestCredit(t *testing.T) {
 	require.NoError(t, Settle(ctx, b, key, N(-10)))
 	assert.InDelta(t, -10, field("fp"), 0.5, "a served refund to the provider's bucket")
 }
+
+// TestLocalCredit: a Local's credits count what Redis's do.
+func TestLocalCredit(t *testing.T) {
+	b := NewLocal(Limit{Rate: 10, Burst: 100}, WithClock(frozenClock(time.Unix(1000, 0))))
+	ctx := context.Background()
+	const key = "k"
+	credit := func(j int) float64 {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return float64(b.keys[key].creditOf(j)) / 1e6
+	}
+	_, err := b.Reserve(ctx, key, N(100), 0)
+	require.NoError(t, err)
+	require.NoError(t, b.Settle(ctx, key, N(-30)))
+	assert.Equal(t, 30.0, credit(0), "a served refund")
+	require.NoError(t, b.Adjust(ctx, key, N(-20)))
+	assert.Equal(t, 30.0, credit(0), "an Adjust refund")
+	require.NoError(t, b.Adjust(ctx, key, N(5)))
+	assert.Equal(t, 25.0, credit(0), "a debit")
+	require.NoError(t, b.Settle(ctx, key, N(-100)))
+	assert.Equal(t, 25.0+55, credit(0), "a refund, up to the burst: from 45 to 100")
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: time.Second}))
+	assert.Equal(t, 80.0-100, credit(0), "a pause")
+	life := func() uint64 {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.keys[key].life
+	}
+	born := life()
+	q := adaptive.Quota{Limit: 100, Remaining: 60, Reset: 4 * time.Second, Window: 10 * time.Second}
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
+	assert.Equal(t, born+1, life(), "a new life")
+	q.Remaining = 40
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.Accepted, Quotas: map[string]adaptive.Quota{Requests: q}}))
+	assert.Equal(t, -20.0, credit(1), "a remaining below the provider's bucket")
+	require.NoError(t, b.Settle(ctx, key, N(-10)))
+	assert.Equal(t, -10.0, credit(1), "a served refund to the provider's bucket")
+}
+
+// frozenClock is a Clock whose time never moves.
+type frozenClock time.Time
+
+func (c frozenClock) Now() time.Time { return time.Time(c) }
 
 // TestCreditStartsAgain: a credit beyond what a double holds exactly
 // starts again from 0 with a new life, which no waiter reads across.
@@ -76,11 +125,13 @@ func TestCreditStartsAgain(t *testing.T) {
 	dim := b.dimKey(b.baseKey(key), Requests)
 	_, err := b.Reserve(ctx, key, N(100), 0)
 	require.NoError(t, err)
+	born, err := rdb.HGet(ctx, dim, "i").Int64() // when the hash was made
+	require.NoError(t, err)
 	require.NoError(t, rdb.HSet(ctx, dim, "f", 1<<52-1).Err())
 	require.NoError(t, Settle(ctx, b, key, N(-1)))
 	v, err := rdb.HMGet(ctx, dim, "f", "i").Result()
 	require.NoError(t, err)
-	assert.Equal(t, []any{"0", "1"}, v)
+	assert.Equal(t, []any{"0", strconv.FormatInt(born+1, 10)}, v)
 }
 
 // TestMovedTo: the rule a waiter moves up by, constraint by constraint.
@@ -145,4 +196,10 @@ func FuzzPlaces(f *testing.F) {
 		m := movedTo(at.Add(time.Hour), cs, queue{cons: cs})
 		assert.False(t, m.After(at.Add(time.Hour)), "moved later")
 	})
+}
+
+// TestPlaceThresholdIsMinMoveUp: the reserve script gives a place to the
+// waits that may move up, those of minMoveUp or more.
+func TestPlaceThresholdIsMinMoveUp(t *testing.T) {
+	assert.Contains(t, reserveScript.src, "if wait >= "+strconv.FormatInt(minMoveUp.Microseconds(), 10)+" then")
 }

@@ -26,6 +26,8 @@ func TestServedRefundMovesEveryWaiterUp(t *testing.T) {
 	r1 := bucket.NewRedis(redistest.Client(t), l, bucket.WithFailClosed())
 	r2 := bucket.NewRedis(redistest.Client(t), l, bucket.WithFailClosed())
 	routed := bucket.Route(func(string) string { return "" }, nil, r1)
+	loc := bucket.NewLocal(l)
+	routedLocal := bucket.Route(func(string) string { return "" }, nil, bucket.NewLocal(l))
 	cases := map[string]struct {
 		w, x   bucket.Bucket // the waiters' process, X's
 		settle bool
@@ -37,6 +39,9 @@ func TestServedRefundMovesEveryWaiterUp(t *testing.T) {
 		"other-process": {r1, r2, true, 1200 * time.Millisecond},
 		"route":         {routed, routed, true, 600 * time.Millisecond},
 		"adjust":        {r1, r1, false, 0},
+		"local":         {loc, loc, true, 600 * time.Millisecond},
+		"local/adjust":  {loc, loc, false, 0},
+		"local/route":   {routedLocal, routedLocal, true, 600 * time.Millisecond},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -84,7 +89,18 @@ func TestServedRefundMovesEveryWaiterUp(t *testing.T) {
 // once.
 func TestServedRefundMovesNoWaiterIntoAPause(t *testing.T) {
 	l := bucket.Limit{Rate: 10, Burst: 20}
-	b := bucket.NewRedis(redistest.Client(t), l, bucket.WithFailClosed())
+	for name, b := range map[string]bucket.Bucket{
+		"redis": bucket.NewRedis(redistest.Client(t), l, bucket.WithFailClosed()),
+		"local": bucket.NewLocal(l),
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			waitThroughPause(t, b)
+		})
+	}
+}
+
+func waitThroughPause(t *testing.T, b bucket.Bucket) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 	start := time.Now()

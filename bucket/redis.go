@@ -18,7 +18,8 @@ import (
 type Redis struct {
 	scripted
 	adapt  adaptation
-	span   any     // adapt.span in microseconds, formatted
+	span   any // adapt.span in microseconds, formatted
+	co     coalescer
 	leases *leases // nil: no leasing (WithLeasing)
 }
 
@@ -61,7 +62,10 @@ func tokenParam(d dim) any {
 }
 
 // Reserve implements Bucket with one call to Redis (or none, if cost charges
-// no limited dimension or a lease holds it: see WithLeasing).
+// no limited dimension or a lease holds it: see WithLeasing). Concurrent
+// reservations of a key from this process share calls: those that arrive
+// while one of the key is under way are decided together, in order, in
+// the next (see coalescer).
 func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
 	if r.leases != nil {
 		if res, ok := r.leased(ctx, key, cost); ok {
@@ -69,7 +73,9 @@ func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time
 			return res, nil
 		}
 	}
-	return r.reserve(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
+	res, _, by, err := r.reserveBy(ctx, key, cost, maxWait)
+	r.m.reserved(key, cost, res, err, by, false)
+	return res, err
 }
 
 // Adjust implements Bucket with one call to Redis.
@@ -83,7 +89,10 @@ func (r *Redis) Settle(ctx context.Context, key string, delta Cost) error {
 	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[1], r.span, r.flags())
 }
 
-// reserveAt implements moveUp; a lease serves it as it does Reserve.
+// reserveAt implements moveUp: Reserve for WaitMax, which counts its wait
+// among the waiters itself; the slot may move up unless a fail-open share
+// served it, whose reservations Redis does not hold. A lease serves it as
+// it does Reserve.
 func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error) {
 	if r.leases != nil {
 		if res, ok := r.leased(ctx, key, cost); ok {
@@ -91,7 +100,9 @@ func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait ti
 			return res, slotMove{}, nil
 		}
 	}
-	return r.scripted.reserveAt(ctx, reserveScript, key, cost, maxWait, r.span, r.flags())
+	res, place, by, err := r.reserveBy(ctx, key, cost, maxWait)
+	r.m.reserved(key, cost, res, err, by, true)
+	return res, slotMove{movable: by != servedShare, place: place}, err
 }
 
 // earliest implements moveUp with one call to Redis: the places of the

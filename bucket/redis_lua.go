@@ -19,8 +19,9 @@ package bucket
 //	    the refunds of calls served (adjust, served), less every debit and
 //	    every cut that a report or a pause made (optional: 0)
 //	fp  the same of p (optional: 0)
-//	i   the hash's life: raised when p is seeded anew (its credit starts
-//	    again) or the credits start again from 0 (optional: 0)
+//	i   the hash's life: the time the hash was made, in microseconds,
+//	    raised when p is seeded anew (its credit starts again) or the
+//	    credits start again from 0 (optional: 0)
 //
 // A reservation's waiter moves up by the credit given since it reserved
 // (see place in bucket.go): what a served call gave back is capacity that
@@ -198,6 +199,13 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
     full = math.max(full, rx)
   end
   if full > x or pinx > x then
+    if x == 0 then
+      -- A hash made anew (refill found none) starts a life of its own:
+      -- one that Redis lost (a restart, a failover, a flush) must not come
+      -- back with the life it had, whose credit a waiter's place would
+      -- read a difference across (see i).
+      redis.call('HSET', key, 'i', now)
+    end
     x = math.max(full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)), pinx)
     redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at, 'x', x)
     redis.call('PEXPIREAT', key, math.ceil(x / 1000))
@@ -242,17 +250,19 @@ end
 -- the rate in millionths per second and the wait until at (a pause's end);
 -- for the provider's bucket, the same of pt at pr (-1 without it), its
 -- credit and rate; then the hash's life. The credits and the life are the
--- hash's strings, read exactly in Go.
+-- hash's strings, read exactly in Go. The rates are rounded up: a credit
+-- is divided by them, and a rate read low would move a waiter up further
+-- than the credit is worth (1.5 times at 1.5e-6/s, floored).
 local function place(out, key, tk, at, rate, pt, pr)
   local c = redis.call('HMGET', key, 'f', 'fp', 'i')
   local n = #out
   out[n+1] = at - now + deficit(tk, rate)
   out[n+2] = c[1] or '0'
-  out[n+3] = math.floor(rate * 1e6)
+  out[n+3] = math.ceil(rate * 1e6)
   out[n+4] = at - now
   if pt then
     out[n+5] = at - now + deficit(pt, pr)
-    out[n+7] = math.floor(pr * 1e6)
+    out[n+7] = math.ceil(pr * 1e6)
   else
     out[n+5], out[n+7] = -1, 0
   end
@@ -281,56 +291,84 @@ end
 // a dimension is held below this process's limit (see pinned). A wait of
 // a quarter of a second or more (minMoveUp) that was taken replies
 // {wait, epoch, held (0 or 1)} and then its place in each dimension key.
+//
+// It takes more reservations of the key after the first, in order (see
+// coalescer): each adds to ARGV its maxWait and then an amount for every
+// dimension key, 0 where it charges nothing there (the first's triples
+// give 0 so too). Each is decided as if it were a call of its own made
+// after the one before it at the same instant: it reads what those wrote,
+// and a refusal takes nothing. With more than one, the reply is a table of
+// each one's reply, in order.
 var reserveScript = newScript(luaCommon + luaPlace + `
 local f, epoch = fraction(span, law)
-local st, wait = {}, 0
-for i = 1, #KEYS - 1 do
-  local amount = tonumber(ARGV[3*i+3])
-  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
-  tk = tk - amount
-  local w = at - now + deficit(tk, rate)
-  if pt then
-    pt = pt - amount
-    w = math.max(w, at - now + deficit(pt, pr))
-  end
-  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin}
-  wait = math.max(wait, w)
-end
-if wait > tonumber(ARGV[1]) then
-  wait = -wait
-  -- A process refused uses the key's limit too: its pin is written, or a
-  -- fleet that keeps the key empty at a higher limit would keep it.
-  for i, s in ipairs(st) do
-    local pin = s[10]
-    if pin then
-      redis.call('HSET', KEYS[i+1], unpack(pin))
-      if s[3] < pin[4] then
-        redis.call('HSET', KEYS[i+1], 'x', pin[4])
-        redis.call('PEXPIREAT', KEYS[i+1], math.ceil(pin[4] / 1000))
+local k = #KEYS - 1
+
+-- reserve decides one reservation: wmax is its maxWait, and the amount of
+-- dimension key i is ARGV[o + step*i].
+local function reserve(wmax, o, step)
+  held = false
+  local st, wait = {}, 0
+  for i = 1, k do
+    local amount = tonumber(ARGV[o + step*i])
+    if amount ~= 0 then
+      local key = KEYS[i+1]
+      local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
+      tk = tk - amount
+      local w = at - now + deficit(tk, rate)
+      if pt then
+        pt = pt - amount
+        w = math.max(w, at - now + deficit(pt, pr))
       end
+      st[#st+1] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, key}
+      wait = math.max(wait, w)
     end
   end
-else
-  for i, s in ipairs(st) do
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10])
+  if wait > wmax then
+    wait = -wait
+    -- A process refused uses the key's limit too: its pin is written, or a
+    -- fleet that keeps the key empty at a higher limit would keep it.
+    for _, s in ipairs(st) do
+      local pin = s[10]
+      if pin then
+        redis.call('HSET', s[11], unpack(pin))
+        if s[3] < pin[4] then
+          redis.call('HSET', s[11], 'x', pin[4])
+          redis.call('PEXPIREAT', s[11], math.ceil(pin[4] / 1000))
+        end
+      end
+    end
+  else
+    for _, s in ipairs(st) do
+      store(s[11], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10])
+    end
   end
-end
-if wait >= 250000 then
-  -- a wait that may move up (minMoveUp): its place in each dimension
-  local out = {wait, epoch, 0}
-  if held then out[3] = 1 end
-  for i, s in ipairs(st) do
-    place(out, KEYS[i+1], s[1], s[2], s[4], s[6], s[7])
+  if wait >= 250000 then
+    -- a wait that may move up (minMoveUp): its place in each dimension
+    local out = {wait, epoch, 0}
+    if held then out[3] = 1 end
+    for _, s in ipairs(st) do
+      place(out, s[11], s[1], s[2], s[4], s[6], s[7])
+    end
+    return out
   end
-  return out
+  if held then
+    return {wait, epoch, 1}
+  end
+  if epoch == 0 then
+    return wait -- one integer is cheaper to read
+  end
+  return {wait, epoch}
 end
-if held then
-  return {wait, epoch, 1}
+
+local first = reserve(tonumber(ARGV[1]), 3, 3)
+if #ARGV == 3 + 3*k then
+  return first
 end
-if epoch == 0 then
-  return wait -- one integer is cheaper to read
+local out = {first}
+for o = 4 + 3*k, #ARGV, k + 1 do
+  out[#out+1] = reserve(tonumber(ARGV[o]), o, 1)
 end
-return {wait, epoch}
+return out
 `)
 
 // adjustScript refills each dimension key, then subtracts its amount (a

@@ -32,6 +32,7 @@ type scripted struct {
 	metrics metricsConfig
 	m       *meters  // nil: no metrics
 	waiting *refunds // of the token bucket's waiters (WaitMax)
+	single  bool     // WithoutCoalescing
 
 	leasing leaseConfig // WithLeasing (NewRedis only)
 }
@@ -42,7 +43,7 @@ func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit
 		panic(fmt.Sprintf("bucket: prefix %q holds a brace: it would choose the Cluster hash slot", c.prefix))
 	}
 	s := scripted{rdb: rdb, dims: dims, param: make([]any, len(dims)), prefix: c.prefix, suffix: suffix,
-		policy: c.policy, fo: newFailover(rdb, c, dims), metrics: c.metrics, leasing: c.leasing}
+		policy: c.policy, fo: newFailover(rdb, c, dims), metrics: c.metrics, single: c.single, leasing: c.leasing}
 	for i, d := range dims {
 		s.param[i] = param(d)
 	}
@@ -122,15 +123,6 @@ func (s *scripted) reserve(ctx context.Context, script *script, key string, cost
 	return r, err
 }
 
-// reserveAt is reserve for WaitMax, which counts its wait among the
-// waiters itself; the slot may move up unless a fail-open share served
-// it, whose reservations Redis does not hold (see moveUp).
-func (s *scripted) reserveAt(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, slotMove, error) {
-	r, place, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
-	s.m.reserved(key, cost, r, err, by, true)
-	return r, slotMove{movable: by != servedShare, place: place}, err
-}
-
 // shared implements moveUp: the fleet charges a key on Redis.
 func (s *scripted) shared(string) bool { return true }
 
@@ -145,7 +137,21 @@ func (s *scripted) reserveBy(ctx context.Context, script *script, key string, co
 	if err != nil || len(keys) == 0 {
 		return Reservation{OK: err == nil}, nil, servedRedis, err
 	}
-	w, epoch, held, place, err := reservation(s.run(ctx, script, keys, args...), len(keys)-s.stateKeys())
+	v, err := s.run(ctx, script, keys, args...).Result()
+	return s.decided(ctx, key, cost, maxWait, v, err, len(keys)-s.stateKeys())
+}
+
+// decided is the outcome of a reservation of cost from key whose reply
+// from a reserve script over dims dimension keys was v, or whose call
+// failed with err: the fail-open share's if Redis is unavailable.
+func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait time.Duration, v any, err error, dims int) (Reservation, []constraint, server, error) {
+	var w int64
+	var epoch uint64
+	var held bool
+	var place []constraint
+	if err == nil {
+		w, epoch, held, place, err = reservation(v, dims)
+	}
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
 			r, err := sh.reserve(ctx, key, cost, maxWait, !sent(err))
@@ -192,15 +198,14 @@ func micros(n int64) time.Duration {
 // the wait in microseconds, or the wait and the key's epoch, and then 1 if
 // the key is held below this process's limit; or, for a wait that may move
 // up, the wait, the epoch, 0 or 1, and the reservation's place.
-func reservation(cmd *redis.Cmd, dims int) (w int64, epoch uint64, held bool, place []constraint, err error) {
-	v, err := cmd.Result()
-	if err != nil {
-		return 0, 0, false, nil, err
-	}
+func reservation(v any, dims int) (w int64, epoch uint64, held bool, place []constraint, err error) {
 	switch v := v.(type) {
 	case int64:
 		return v, 0, false, nil, nil
 	case []any:
+		if len(v) < 2 {
+			break // a reply the scripts never give: not indexed
+		}
 		w, ok1 := v[0].(int64)
 		e, ok2 := v[1].(int64)
 		ok := ok1 && ok2 && e >= 0

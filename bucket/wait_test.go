@@ -71,7 +71,7 @@ func uniqueKey(t *testing.T) string {
 }
 
 // TestWaitNoHerd: 50 concurrent waiters on an empty bucket at 100/s are each
-// admitted once, one Redis call each, and wake about 10 ms apart in the
+// admitted once, at most one Redis call each, and wake about 10 ms apart in the
 // order of their slots instead of all at once.
 func TestWaitNoHerd(t *testing.T) {
 	rdb := redistest.Client(t)
@@ -104,7 +104,9 @@ func TestWaitNoHerd(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	assert.Equal(t, int64(waiters), counter.n.Load(), "one Redis call per waiter")
+	// Their reservations, made together, share calls (see Redis.Reserve).
+	t.Logf("%d Redis calls for %d waiters", counter.n.Load(), waiters)
+	assert.LessOrEqual(t, counter.n.Load(), int64(waiters), "at most one Redis call per waiter")
 
 	slices.Sort(done)
 	gaps := make([]time.Duration, 0, waiters-1)

@@ -24,8 +24,9 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 1s -count 5 ./compat/bucket
 //
-// Redis Reserve against go-redis/redis_rate AllowN and a trivial EVALSHA
-// (the round-trip floor); Local Reserve against x/time/rate ReserveN. They
+// Redis Reserve (each call its own script call, WithoutCoalescing, and
+// coalesced, the default) against go-redis/redis_rate AllowN and a trivial
+// EVALSHA (the round-trip floor); Local Reserve against x/time/rate ReserveN. They
 // live here, not in sluice's bucket package, so that each ratio comes from
 // one run and the library's module needs neither peer.
 //
@@ -162,6 +163,19 @@ func BenchmarkRedis(b *testing.B) {
 	for _, g := range goroutineCounts {
 		gs := "g=" + strconv.Itoa(g)
 		b.Run("sluice_Reserve/"+gs, func(b *testing.B) {
+			bk := bucket.NewRedis(rdb, huge, bucket.WithoutCoalescing())
+			cost := bucket.N(1)
+			var fb fallbacks
+			onRedis(b, rdb, g, func() {
+				r, err := bk.Reserve(ctx, "bench", cost, 0)
+				if err != nil {
+					b.Error(err)
+				}
+				fb.count(r)
+			})
+			fb.check(b)
+		})
+		b.Run("sluice_Reserve_coalesced/"+gs, func(b *testing.B) {
 			bk := bucket.NewRedis(rdb, huge)
 			cost := bucket.N(1)
 			var fb fallbacks
@@ -191,7 +205,7 @@ func BenchmarkRedis(b *testing.B) {
 			fb.check(b)
 		})
 		b.Run("sluice_Reserve_2dims/"+gs, func(b *testing.B) {
-			bk := bucket.NewRedis(rdb, huge, bucket.WithLimit(bucket.Tokens, huge))
+			bk := bucket.NewRedis(rdb, huge, bucket.WithLimit(bucket.Tokens, huge), bucket.WithoutCoalescing())
 			cost := bucket.Cost{bucket.Requests: 1, bucket.Tokens: 500}
 			var fb fallbacks
 			onRedis(b, rdb, g, func() {

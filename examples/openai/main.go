@@ -242,7 +242,7 @@ func (l *ledger) Adjust(ctx context.Context, key string, delta bucket.Cost) erro
 	return err
 }
 
-// Settle keeps the bucket's Settle: its refunds move every waiter up.
+// Settle passes a served call's refund or debit on as one (bucket.Settle).
 func (l *ledger) Settle(ctx context.Context, key string, delta bucket.Cost) error {
 	err := bucket.Settle(ctx, l.Bucket, key, delta)
 	if err == nil {
