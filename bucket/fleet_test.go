@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -34,6 +36,11 @@ type fleetSpec struct {
 	Goroutines int
 	Start      time.Time // all workers begin together
 	Duration   time.Duration
+	Lease      int           // WithLeasing's k, with LeaseTTL; 0: none
+	LeaseTTL   time.Duration //
+	Stamps     bool          // report when each call was admitted
+	PaceFor    time.Duration // for this long from the start, each goroutine
+	PaceEvery  time.Duration // waits this long after each call
 }
 
 // fleetResult is what a worker reports on stdout, as JSON.
@@ -42,6 +49,7 @@ type fleetResult struct {
 	Calls      int
 	FirstSent  time.Time
 	LastReturn time.Time
+	Stamps     []int64 // with fleetSpec.Stamps: when each admitted call returned, Unix µs
 }
 
 func fleetWorker() int {
@@ -58,6 +66,9 @@ func fleetWorker() int {
 		opts = append(opts, bucket.WithLimit(bucket.Tokens, *spec.Tokens))
 		cost[bucket.Tokens] = spec.TokenCost
 	}
+	if spec.Lease > 0 {
+		opts = append(opts, bucket.WithLeasing(spec.Lease, spec.LeaseTTL))
+	}
 	b := bucket.NewRedis(rdb, spec.Requests, opts...)
 	ctx := context.Background()
 	// Load the script before the start so every worker's first call is a
@@ -71,8 +82,9 @@ func fleetWorker() int {
 	var admitted, calls atomic.Int64
 	var failed atomic.Value
 	var wg sync.WaitGroup
+	stamps := make([][]int64, spec.Goroutines)
 	first := time.Now()
-	for range spec.Goroutines {
+	for g := range spec.Goroutines {
 		wg.Go(func() {
 			for time.Now().Before(end) {
 				r, err := b.Reserve(ctx, spec.Key, cost, 0)
@@ -83,22 +95,42 @@ func fleetWorker() int {
 				calls.Add(1)
 				if r.OK {
 					admitted.Add(1)
+					if spec.Stamps {
+						stamps[g] = append(stamps[g], time.Now().UnixMicro())
+					}
+				}
+				if time.Since(spec.Start) < spec.PaceFor {
+					time.Sleep(spec.PaceEvery)
 				}
 			}
 		})
 	}
 	wg.Wait()
+	last := time.Now()
+	if err := b.Close(); err != nil {
+		failed.Store(err)
+	}
 	if err, _ := failed.Load().(error); err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 1
 	}
-	out, _ := json.Marshal(fleetResult{Admitted: int(admitted.Load()), Calls: int(calls.Load()), FirstSent: first, LastReturn: time.Now()})
+	res := fleetResult{Admitted: int(admitted.Load()), Calls: int(calls.Load()), FirstSent: first, LastReturn: last}
+	for _, s := range stamps {
+		res.Stamps = append(res.Stamps, s...)
+	}
+	out, _ := json.Marshal(res)
 	fmt.Println(string(out))
 	return 0
 }
 
 // runFleet starts procs worker processes on spec and sums their results.
 func runFleet(t *testing.T, procs int, spec fleetSpec) (admitted, calls int, span time.Duration) {
+	admitted, calls, span, _ = runFleetStamped(t, procs, spec)
+	return admitted, calls, span
+}
+
+// runFleetStamped is runFleet, returning every process's stamps too.
+func runFleetStamped(t *testing.T, procs int, spec fleetSpec) (admitted, calls int, span time.Duration, stamps []int64) {
 	t.Helper()
 	spec.Start = time.Now().Add(time.Second) // room for the processes to start
 	raw, err := json.Marshal(spec)
@@ -130,8 +162,9 @@ func runFleet(t *testing.T, procs int, spec fleetSpec) (admitted, calls int, spa
 		if r.LastReturn.After(last) {
 			last = r.LastReturn
 		}
+		stamps = append(stamps, r.Stamps...)
 	}
-	return admitted, calls, last.Sub(first)
+	return admitted, calls, last.Sub(first), stamps
 }
 
 // TestFleetConservation: 4 processes x 8 goroutines saturate one key on a
@@ -171,4 +204,75 @@ func TestFleetConservation(t *testing.T) {
 		assert.GreaterOrEqual(t, tokens, 0.95*tokBound)
 		assert.LessOrEqual(t, float64(admitted), reqBound+1)
 	})
+}
+
+// TestFleetConservationLeased: 4 processes x 8 goroutines with leases of
+// k = 50 calls (WithLeasing) charge one key on a real Redis: saturating it
+// from the start, or first below its limit (each goroutine waits 20 ms
+// after each call for 1.5 s: at most 800 calls/s of 2,000, served from
+// leases),
+// then saturating it, when what the leases hold comes on top of a full
+// burst. Over every interval between two admissions, what the fleet was
+// admitted stays within Burst + Rate*T + P*L (P processes, L = k calls the
+// most a lease holds); over the saturated part it reaches at least 95% of
+// Burst + Rate*T (the key is full when saturation begins). The stamps are
+// taken when each call returned: a call is stamped after Redis decided it
+// by up to a scheduling delay, for which the check allows Rate*5ms + 1
+// more.
+func TestFleetConservationLeased(t *testing.T) {
+	addr := redistest.Addr(t)
+	const procs, goroutines, k = 4, 8, 50
+	lim := bucket.Limit{Rate: 2000, Burst: 1000}
+	for _, c := range []struct {
+		name string
+		pace time.Duration
+	}{{"saturated", 0}, {"below then saturated", 1500 * time.Millisecond}} {
+		t.Run(c.name, func(t *testing.T) {
+			spec := fleetSpec{
+				Addr: addr, Key: "conserveL-" + strconv.FormatInt(time.Now().UnixNano(), 36),
+				Requests: lim, Goroutines: goroutines, Duration: 3*time.Second + c.pace,
+				Lease: k, LeaseTTL: 100 * time.Millisecond, Stamps: true,
+				PaceFor: c.pace, PaceEvery: 40 * time.Millisecond,
+			}
+			admitted, calls, span, stamps := runFleetStamped(t, procs, spec)
+			require.Len(t, stamps, admitted)
+			slices.Sort(stamps)
+			extra := float64(procs * k)
+			bound := lim.Burst + lim.Rate*span.Seconds()
+			t.Logf("%d processes x %d goroutines, %d calls in %v: admitted %d, bound %.1f (%.1f%%), + P*L %.0f",
+				procs, goroutines, calls, span.Round(time.Millisecond), admitted, bound, 100*float64(admitted)/bound, extra)
+			assert.LessOrEqual(t, float64(admitted), bound+extra)
+			// The saturated part: from the first admission after the pace
+			// ends to the last.
+			sat := slices.IndexFunc(stamps, func(s int64) bool { return s >= stamps[0]+c.pace.Microseconds() })
+			if c.pace == 0 {
+				sat = 0
+			}
+			satSpan := float64(stamps[len(stamps)-1]-stamps[sat]) / 1e6
+			satBound := lim.Burst + lim.Rate*satSpan
+			n := len(stamps) - sat
+			t.Logf("saturated: admitted %d in %.3fs, %.1f%% of Burst + Rate*T", n, satSpan, 100*float64(n)/satBound)
+			assert.GreaterOrEqual(t, float64(n), 0.95*satBound)
+			assert.Greater(t, calls, 2*admitted, "the fleet must saturate the key")
+			// The most admitted over any interval [t_i, t_j], beyond
+			// Rate*(t_j - t_i): max over j of (j + 1 - Rate*t_j) + max over
+			// i <= j of (Rate*t_i - i).
+			rate := lim.Rate / 1e6 // per µs
+			best, worst := math.Inf(-1), math.Inf(-1)
+			var at [2]int64
+			var from int64
+			for j, s := range stamps {
+				x := float64(s - stamps[0])
+				if g := rate*x - float64(j); g > best {
+					best, from = g, s
+				}
+				if e := float64(j+1) - rate*x + best; e > worst {
+					worst, at = e, [2]int64{from, s}
+				}
+			}
+			t.Logf("most over any interval: Rate*T + %.1f (over %v from %v), against Burst + P*L = %.0f",
+				worst, time.Duration(at[1]-at[0])*time.Microsecond, time.Duration(at[0]-stamps[0])*time.Microsecond, lim.Burst+extra)
+			assert.LessOrEqual(t, worst, lim.Burst+extra+lim.Rate*0.005+1)
+		})
+	}
 }

@@ -70,6 +70,7 @@ type config struct {
 	metrics metricsConfig // metrics.go
 	lease   time.Duration // NewInFlight's; 0: defaultLease
 	single  bool          // WithoutCoalescing
+	leasing leaseConfig   // NewRedis's (lease.go)
 }
 
 // Clock tells the time. The Local backend reads it; Redis backends use the

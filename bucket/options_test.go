@@ -51,6 +51,7 @@ func TestOptionsAreForTheirBackends(t *testing.T) {
 		{"WithLogger", bucket.WithLogger(slog.Default()), shared, "TestMisconfiguredRedis, TestInFlightMisconfiguredRedis"},
 		{"WithRedisBreaker", bucket.WithRedisBreaker(gobreaker.Settings{}), shared, "TestLostReplyOpensNoBreaker, TestWindowBucketsSettleTheirShares, TestInFlightRedisDown"},
 		{"WithLease", bucket.WithLease(time.Second), []string{"NewInFlight"}, "TestInFlightLeaseFreesDeadHolder"},
+		{"WithLeasing", bucket.WithLeasing(100, 100*time.Millisecond), []string{"NewRedis"}, "TestLeaseServesLocallyAndGivesBack"},
 	} {
 		for _, ctor := range ctorNames {
 			t.Run(o.name+"/"+ctor, func(t *testing.T) {
@@ -71,7 +72,7 @@ func TestOptionsAreForTheirBackends(t *testing.T) {
 func forNames(takers []string) string {
 	switch len(takers) {
 	case 1:
-		return "NewInFlight"
+		return takers[0]
 	case 2:
 		return "NewLocal, NewRedis"
 	case 3:

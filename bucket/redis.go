@@ -17,9 +17,10 @@ import (
 // use.
 type Redis struct {
 	scripted
-	adapt adaptation
-	span  any // adapt.span in microseconds, formatted
-	co    coalescer
+	adapt  adaptation
+	span   any // adapt.span in microseconds, formatted
+	co     coalescer
+	leases *leases // nil: no leasing (WithLeasing)
 }
 
 var _ Bucket = (*Redis)(nil)
@@ -45,6 +46,7 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	r.meter(r.gauges)
 	r.waiting = &refunds{}
+	r.leases = newLeases(r.leasing)
 	return r
 }
 
@@ -60,10 +62,17 @@ func tokenParam(d dim) any {
 }
 
 // Reserve implements Bucket with one call to Redis (or none, if cost charges
-// no limited dimension). Concurrent reservations of a key from this
-// process share calls: those that arrive while one of the key is under
-// way are decided together, in order, in the next (see coalescer).
+// no limited dimension or a lease holds it: see WithLeasing). Concurrent
+// reservations of a key from this process share calls: those that arrive
+// while one of the key is under way are decided together, in order, in
+// the next (see coalescer).
 func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error) {
+	if r.leases != nil {
+		if res, ok := r.leased(ctx, key, cost); ok {
+			r.m.reserved(key, cost, res, nil, servedRedis, false)
+			return res, nil
+		}
+	}
 	res, _, by, err := r.reserveBy(ctx, key, cost, maxWait)
 	r.m.reserved(key, cost, res, err, by, false)
 	return res, err
@@ -82,8 +91,15 @@ func (r *Redis) Settle(ctx context.Context, key string, delta Cost) error {
 
 // reserveAt implements moveUp: Reserve for WaitMax, which counts its wait
 // among the waiters itself; the slot may move up unless a fail-open share
-// served it, whose reservations Redis does not hold.
+// served it, whose reservations Redis does not hold. A lease serves it as
+// it does Reserve.
 func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, slotMove, error) {
+	if r.leases != nil {
+		if res, ok := r.leased(ctx, key, cost); ok {
+			r.m.reserved(key, cost, res, nil, servedRedis, true)
+			return res, slotMove{}, nil
+		}
+	}
 	res, place, by, err := r.reserveBy(ctx, key, cost, maxWait)
 	r.m.reserved(key, cost, res, err, by, true)
 	return res, slotMove{movable: by != servedShare, place: place}, err
@@ -143,6 +159,9 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 	}
 	if key == "" {
 		return ErrInvalidKey
+	}
+	if r.leases != nil && refused(fb) {
+		r.leases.drop(key)
 	}
 	p := &r.adapt.policy
 	pause := time.Duration(0)

@@ -33,6 +33,8 @@ type scripted struct {
 	m       *meters  // nil: no metrics
 	waiting *refunds // of the token bucket's waiters (WaitMax)
 	single  bool     // WithoutCoalescing
+
+	leasing leaseConfig // WithLeasing (NewRedis only)
 }
 
 func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit Limit, opts []Option, suffix string, param func(dim) any) scripted {
@@ -41,7 +43,7 @@ func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit
 		panic(fmt.Sprintf("bucket: prefix %q holds a brace: it would choose the Cluster hash slot", c.prefix))
 	}
 	s := scripted{rdb: rdb, dims: dims, param: make([]any, len(dims)), prefix: c.prefix, suffix: suffix,
-		policy: c.policy, fo: newFailover(rdb, c, dims), metrics: c.metrics, single: c.single}
+		policy: c.policy, fo: newFailover(rdb, c, dims), metrics: c.metrics, single: c.single, leasing: c.leasing}
 	for i, d := range dims {
 		s.param[i] = param(d)
 	}
