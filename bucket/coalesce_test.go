@@ -161,8 +161,16 @@ func newCoalescing(t *testing.T, latency time.Duration, lim bucket.Limit, opts .
 	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, PoolSize: 16})
 	t.Cleanup(func() { rdb.Close() })
 	b := bucket.NewRedis(rdb, lim, append([]bucket.Option{bucket.WithRedisTimeout(5 * time.Second)}, opts...)...)
-	_, err := b.Tokens(t.Context(), "warm") // the first contact
-	require.NoError(t, err)
+	// The first contact, and a connection for each call under way at once
+	// (the leaders'), dialled before the latency.
+	var wg sync.WaitGroup
+	for range 2 * bucket.MaxCalls {
+		wg.Go(func() {
+			_, err := b.Tokens(t.Context(), "warm")
+			assert.NoError(t, err)
+		})
+	}
+	wg.Wait()
 	proxy.SetLatency(latency)
 	return &coalescing{t: t, proxy: proxy, rdb: rdb, b: b}
 }
@@ -185,15 +193,25 @@ func (c *coalescing) reserve(ctx context.Context, start time.Time, delay time.Du
 	return ch
 }
 
+// leaders starts as many Reserves of 1 as a key may have calls under way
+// (bucket.MaxCalls), at once: those that come after them queue.
+func (c *coalescing) leaders(start time.Time) []<-chan result {
+	var ls []<-chan result
+	for range bucket.MaxCalls {
+		ls = append(ls, c.reserve(c.t.Context(), start, 0, 1))
+	}
+	return ls
+}
+
 // TestCoalescedCancel: a reservation whose context ends while it queues
 // leaves at once, nothing taken; one whose context ends while its batch is
 // under way gets its context's error when the batch returns, and what it
 // took is refunded; the others of its batch are served.
 func TestCoalescedCancel(t *testing.T) {
 	const oneWay = 100 * time.Millisecond // a call takes 200 ms
-	c := newCoalescing(t, oneWay, bucket.Limit{Rate: 1, Burst: 10}, bucket.WithFailClosed())
+	c := newCoalescing(t, oneWay, bucket.Limit{Rate: 1, Burst: 20}, bucket.WithFailClosed())
 	start := time.Now()
-	leader := c.reserve(t.Context(), start, 0, 1)
+	leaders := c.leaders(start)
 	queuedCtx, cancelQueued := context.WithCancel(t.Context())
 	queued := c.reserve(queuedCtx, start, 30*time.Millisecond, 2)
 	inBatchCtx, cancelInBatch := context.WithCancel(t.Context())
@@ -208,9 +226,12 @@ func TestCoalescedCancel(t *testing.T) {
 
 	time.Sleep(300*time.Millisecond - time.Since(start)) // the batch is under way
 	cancelInBatch()
-	l, ib, s := <-leader, <-inBatch, <-served
-	require.NoError(t, l.err)
-	assert.True(t, l.r.OK)
+	for _, leader := range leaders {
+		l := <-leader
+		require.NoError(t, l.err)
+		assert.True(t, l.r.OK)
+	}
+	ib, s := <-inBatch, <-served
 	require.NoError(t, s.err)
 	assert.True(t, s.r.OK)
 	assert.ErrorIs(t, ib.err, context.Canceled)
@@ -219,7 +240,7 @@ func TestCoalescedCancel(t *testing.T) {
 	c.proxy.SetLatency(0)
 	tokens, err := c.b.Tokens(t.Context(), "k")
 	require.NoError(t, err)
-	assert.Equal(t, 10.0-1-4, tokens[bucket.Requests], "the leader's and the served one's taken, the others' not")
+	assert.Equal(t, 20.0-bucket.MaxCalls-4, tokens[bucket.Requests], "the leaders' and the served one's taken, the others' not")
 }
 
 // TestCoalescedRedisFailsMidBatch: connections reset while a batch is
@@ -236,16 +257,18 @@ func TestCoalescedRedisFailsMidBatch(t *testing.T) {
 			const oneWay = 100 * time.Millisecond
 			c := newCoalescing(t, oneWay, bucket.Limit{Rate: 1, Burst: 10}, opt)
 			start := time.Now()
-			leader := c.reserve(t.Context(), start, 0, 1)
+			leaders := c.leaders(start)
 			var batch []<-chan result
 			for range 4 {
 				batch = append(batch, c.reserve(t.Context(), start, 30*time.Millisecond, 1))
 			}
 			time.Sleep(300*time.Millisecond - time.Since(start)) // the batch is under way
 			c.proxy.ResetAll()
-			l := <-leader
-			require.NoError(t, l.err)
-			assert.NotEqual(t, uint64(math.MaxUint64), l.r.Epoch, "the leader's call, before the reset, worked")
+			for _, leader := range leaders {
+				l := <-leader
+				require.NoError(t, l.err)
+				assert.NotEqual(t, uint64(math.MaxUint64), l.r.Epoch, "a leader's call, before the reset, worked")
+			}
 			for i, ch := range batch {
 				res := <-ch
 				if open {

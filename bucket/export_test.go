@@ -16,3 +16,7 @@ func (l *LocalInFlight) Queued(key string) int {
 	}
 	return 0
 }
+
+// MaxCalls is how many calls of a key a Redis bucket has under way at
+// most before its reservations queue (coalescer).
+const MaxCalls = maxCalls

@@ -28,9 +28,10 @@ const maxGoroutines = 8
 
 // BenchmarkRoundTrip measures, in one run and against one loopback server:
 // a bare http.Transport; sluice over it with a Local bucket; sluice with a
-// Redis bucket; a bare round trip preceded by a Redis PING, which is what
-// the Redis case may cost at most; a Reserve alone; a PING alone. Limits are too high to throttle: this is the cost of
-// the machinery. Each reports p50 latency as p50-ns.
+// Redis bucket, and with one that leases (WithLeasing); a bare round trip
+// preceded by a Redis PING, which is what the Redis case may cost at most;
+// a Reserve alone; a PING alone. Limits are too high to throttle: this is
+// the cost of the machinery. Each reports p50 latency as p50-ns.
 func BenchmarkRoundTrip(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, `{"ok":true}`)
@@ -69,6 +70,19 @@ func benchRoundTrip(b *testing.B, url string, g int, newBase func() *http.Transp
 		benchParallel(b, g, roundTrip(tr, url))
 		// The one Redis round trip each request makes, timed in this run.
 		b.ReportMetric(float64(median(timed.lat).Nanoseconds()), "reserve-p50-ns")
+	})
+	b.Run("redis-leased", func(b *testing.B) {
+		// WithLeasing: one script call per 100 requests.
+		rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(b), PoolSize: 2 * maxGoroutines})
+		defer rdb.Close()
+		base := newBase()
+		defer base.CloseIdleConnections()
+		key := fmt.Sprintf("bench-%d", time.Now().UnixNano())
+		bk := bucket.NewRedis(rdb, huge, bucket.WithLeasing(100, 100*time.Millisecond))
+		defer bk.Close()
+		tr := transport.New(base, transport.WithBucket(bk),
+			transport.WithKey(func(*http.Request) string { return key }))
+		benchParallel(b, g, roundTrip(tr, url))
 	})
 	b.Run("bare+ping", func(b *testing.B) {
 		// The target for "redis": a bare round trip after one Redis round
