@@ -5,7 +5,6 @@ import (
 	"math"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -89,47 +88,12 @@ func parallelTimed(b *testing.B, g int, fn func()) {
 // script calls per decision and their CPU time per decision, read from
 // INFO commandstats before and after.
 func onRedis(b *testing.B, rdb *redis.Client, g int, fn func()) {
-	calls0, usec0 := scriptStats(b, rdb)
+	calls0, usec0 := redistest.ScriptStats(b, rdb)
 	parallelTimed(b, g, fn)
 	b.StopTimer()
-	calls, usec := scriptStats(b, rdb)
+	calls, usec := redistest.ScriptStats(b, rdb)
 	b.ReportMetric(float64(calls-calls0)/float64(b.N), "scripts/op")
 	b.ReportMetric(float64(usec-usec0)/float64(b.N), "redis-us/op")
-}
-
-// scriptStats returns the script calls rdb's server has served (EVAL,
-// EVALSHA, FCALL and their read-only forms) and the CPU time they took,
-// in microseconds.
-func scriptStats(b *testing.B, rdb *redis.Client) (calls, usec int64) {
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		b.Fatal(err)
-	}
-	for line := range strings.Lines(info) {
-		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
-		switch name {
-		case "cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall", "cmdstat_fcall_ro":
-		default:
-			continue
-		}
-		if !ok {
-			continue
-		}
-		for field := range strings.SplitSeq(stats, ",") {
-			k, v, _ := strings.Cut(field, "=")
-			n, err := strconv.ParseInt(v, 10, 64)
-			switch {
-			case k != "calls" && k != "usec":
-			case err != nil:
-				b.Fatalf("commandstats %s: %v", line, err)
-			case k == "calls":
-				calls += n
-			default:
-				usec += n
-			}
-		}
-	}
-	return calls, usec
 }
 
 // fallbacks counts the decisions a sluice bucket's fail-open fallback
@@ -163,59 +127,21 @@ func BenchmarkRedis(b *testing.B) {
 	for _, g := range goroutineCounts {
 		gs := "g=" + strconv.Itoa(g)
 		b.Run("sluice_Reserve/"+gs, func(b *testing.B) {
-			bk := bucket.NewRedis(rdb, huge, bucket.WithoutCoalescing())
-			cost := bucket.N(1)
-			var fb fallbacks
-			onRedis(b, rdb, g, func() {
-				r, err := bk.Reserve(ctx, "bench", cost, 0)
-				if err != nil {
-					b.Error(err)
-				}
-				fb.count(r)
-			})
-			fb.check(b)
+			benchReserve(b, rdb, g, bucket.NewRedis(rdb, huge, bucket.WithoutCoalescing()), "bench", bucket.N(1))
 		})
 		b.Run("sluice_Reserve_coalesced/"+gs, func(b *testing.B) {
-			bk := bucket.NewRedis(rdb, huge)
-			cost := bucket.N(1)
-			var fb fallbacks
-			onRedis(b, rdb, g, func() {
-				r, err := bk.Reserve(ctx, "bench", cost, 0)
-				if err != nil {
-					b.Error(err)
-				}
-				fb.count(r)
-			})
-			fb.check(b)
+			benchReserve(b, rdb, g, bucket.NewRedis(rdb, huge), "bench", bucket.N(1))
 		})
 		b.Run("sluice_Reserve_leased/"+gs, func(b *testing.B) {
 			// A limit no run reaches (a leased call takes well under 1 µs),
 			// where the others' 1e6/s would be reached within a second.
 			bk := bucket.NewRedis(rdb, bucket.Limit{Rate: 1e8, Burst: 1e8}, bucket.WithLeasing(100, 100*time.Millisecond))
 			defer bk.Close()
-			cost := bucket.N(1)
-			var fb fallbacks
-			onRedis(b, rdb, g, func() {
-				r, err := bk.Reserve(ctx, "bench-leased", cost, 0)
-				if err != nil {
-					b.Error(err)
-				}
-				fb.count(r)
-			})
-			fb.check(b)
+			benchReserve(b, rdb, g, bk, "bench-leased", bucket.N(1))
 		})
 		b.Run("sluice_Reserve_2dims/"+gs, func(b *testing.B) {
 			bk := bucket.NewRedis(rdb, huge, bucket.WithLimit(bucket.Tokens, huge), bucket.WithoutCoalescing())
-			cost := bucket.Cost{bucket.Requests: 1, bucket.Tokens: 500}
-			var fb fallbacks
-			onRedis(b, rdb, g, func() {
-				r, err := bk.Reserve(ctx, "bench2", cost, 0)
-				if err != nil {
-					b.Error(err)
-				}
-				fb.count(r)
-			})
-			fb.check(b)
+			benchReserve(b, rdb, g, bk, "bench2", bucket.Cost{bucket.Requests: 1, bucket.Tokens: 500})
 		})
 		b.Run("redis_rate_AllowN/"+gs, func(b *testing.B) {
 			lim := redis_rate.NewLimiter(rdb)
@@ -235,6 +161,21 @@ func BenchmarkRedis(b *testing.B) {
 			})
 		})
 	}
+}
+
+// benchReserve runs bk.Reserve of cost on key from g goroutines (onRedis),
+// and fails if the fail-open fallback served any decision.
+func benchReserve(b *testing.B, rdb *redis.Client, g int, bk *bucket.Redis, key string, cost bucket.Cost) {
+	ctx := context.Background()
+	var fb fallbacks
+	onRedis(b, rdb, g, func() {
+		r, err := bk.Reserve(ctx, key, cost, 0)
+		if err != nil {
+			b.Error(err)
+		}
+		fb.count(r)
+	})
+	fb.check(b)
 }
 
 func BenchmarkLocal(b *testing.B) {
