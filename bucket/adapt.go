@@ -93,10 +93,28 @@ func (a *adaptation) report(q adaptive.Quota, l Limit) report {
 	return r
 }
 
-// pause bounds a Retry-After: at most span.
-func (a *adaptation) pause(d time.Duration) time.Duration {
-	return min(max(d, 0), a.span)
+// pause returns how long fb pauses a key, bounded: at most span. A
+// refusal pauses it for as long as it asks (a Retry-After, or a delay its
+// body states). A refusal for rate (a 429) that asks for no wait and reports
+// no quota pauses it for one window of the limit, at most maxUnasked: what
+// a limiter that counts over its window, refusals included (a proxy's
+// sliding window, as haproxy's http_req_rate), needs to forget the excess,
+// where the fleet's retries after a backoff would keep its count full.
+// Anything else pauses nothing.
+func (a *adaptation) pause(fb adaptive.Feedback) time.Duration {
+	switch {
+	case fb.Class == adaptive.Accepted:
+		return 0
+	case fb.HasRetryAfter || fb.RetryAfter > 0:
+		return min(max(fb.RetryAfter, 0), a.span)
+	case fb.Class == adaptive.RateLimited && len(fb.Quotas) == 0:
+		return min(a.limit, maxUnasked, a.span)
+	}
+	return 0
 }
+
+// maxUnasked is the longest pause of a refusal that asks for no wait.
+const maxUnasked = time.Second
 
 // counts reports whether fb is a refusal that counts toward a decrease of
 // a key at epoch: rate limited, for a request reserved since the last

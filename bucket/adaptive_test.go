@@ -2,6 +2,7 @@ package bucket_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,8 +32,10 @@ func gap(t *testing.T, b bucket.Bucket, key string) (time.Duration, uint64) {
 	}
 }
 
+// rateLimited is a 429 of a request reserved at epoch that says
+// Retry-After: 0: it counts toward a decrease and pauses nothing.
 func rateLimited(epoch uint64) adaptive.Feedback {
-	return adaptive.Feedback{Class: adaptive.RateLimited, Epoch: epoch}
+	return adaptive.Feedback{Class: adaptive.RateLimited, HasRetryAfter: true, Epoch: epoch}
 }
 
 // TestObserve runs the adaptive behaviour against every token bucket
@@ -176,6 +179,39 @@ func TestObserve(t *testing.T) {
 				assert.InDelta(t, 200*time.Millisecond, g, float64(time.Millisecond))
 			})
 
+			t.Run("a 429 that asks no wait pauses a window of the limit, at most a second", func(t *testing.T) {
+				// What a limiter counting over its window, refusals too,
+				// needs to forget; the first slot after it is the rate's.
+				first := func(b bucket.Bucket, key string) time.Duration {
+					r, err := b.Reserve(ctx, key, bucket.N(1), bucket.Unlimited)
+					require.NoError(t, err)
+					require.True(t, r.OK)
+					return r.Delay
+				}
+				for _, c := range []struct {
+					name  string
+					lim   bucket.Limit
+					fb    adaptive.Feedback
+					delay time.Duration
+				}{
+					{"per second", lim, adaptive.Feedback{Class: adaptive.RateLimited}, 1100 * time.Millisecond},
+					{"a window of 0.2 s", bucket.Limit{Rate: 10, Burst: 2}, adaptive.Feedback{Class: adaptive.RateLimited}, 300 * time.Millisecond},
+					{"per minute: a second", bucket.PerMinute(600), adaptive.Feedback{Class: adaptive.RateLimited}, 1100 * time.Millisecond},
+					{"Retry-After: 0", lim, adaptive.Feedback{Class: adaptive.RateLimited, HasRetryAfter: true}, 0},
+					{"a Retry-After", lim, adaptive.Feedback{Class: adaptive.RateLimited, RetryAfter: 3 * time.Second, HasRetryAfter: true}, 3100 * time.Millisecond},
+					{"overloaded", lim, adaptive.Feedback{Class: adaptive.Overloaded}, 0},
+					{"quota exhausted", lim, adaptive.Feedback{Class: adaptive.QuotaExhausted}, 0},
+					// The quota speaks instead: none left, 10 a second.
+					{"a quota", lim, adaptive.Feedback{Class: adaptive.RateLimited,
+						Quotas: map[string]adaptive.Quota{bucket.Requests: {Limit: 10, Remaining: 0, Window: time.Second}}}, 100 * time.Millisecond},
+				} {
+					b := be.new(t, c.lim)
+					key := "unasked-" + strings.ReplaceAll(c.name, " ", "-")
+					require.NoError(t, b.Observe(ctx, key, c.fb))
+					assert.Equal(t, c.delay, first(b, key), c.name)
+				}
+			})
+
 			t.Run("pause spreads what is reserved during it", func(t *testing.T) {
 				b := be.new(t, lim)
 				require.NoError(t, b.Observe(ctx, "pause", adaptive.Feedback{Class: adaptive.Overloaded, RetryAfter: 2 * time.Second}))
@@ -273,6 +309,23 @@ func TestObserve(t *testing.T) {
 				assert.InDelta(t, 3, be.tokens(t, "openai")[bucket.Requests], 1e-6)
 				g, _ := gap(t, b, "openai")
 				assert.Equal(t, 100*time.Millisecond, g, "the provider's 10/s")
+			})
+
+			t.Run("the provider's bucket is a constraint, not a cap on the rate", func(t *testing.T) {
+				// Ours 20/s with a burst of 20; the provider reports 600 a
+				// minute (10/s) with 30 left. What the provider has left goes
+				// at our rate; then its 10/s paces the rest.
+				b := be.new(t, bucket.PerSecond(20))
+				require.NoError(t, b.Observe(ctx, "bucket", adaptive.Feedback{Quotas: map[string]adaptive.Quota{
+					bucket.Requests: {Limit: 600, Remaining: 30, Reset: 57 * time.Second}}}))
+				for k := 1; k <= 60; k++ {
+					r, err := b.Reserve(ctx, "bucket", bucket.N(1), bucket.Unlimited)
+					require.NoError(t, err)
+					require.True(t, r.OK)
+					// Ours is ready at (k-20)/20 s, the provider's at (k-30)/10 s.
+					want := max(time.Duration(k-20)*50*time.Millisecond, time.Duration(k-30)*100*time.Millisecond, 0)
+					assert.Equal(t, want, r.Delay, "call %d", k)
+				}
 			})
 
 			t.Run("quota exhausted and empty feedback change nothing", func(t *testing.T) {

@@ -163,7 +163,7 @@ func TestLeaseDroppedByOwnRefusal(t *testing.T) {
 	t.Cleanup(func() { b.Close() })
 	_, err := b.Reserve(ctx, "k", bucket.N(1), 0)
 	require.NoError(t, err)
-	require.NoError(t, b.Observe(ctx, "k", adaptive.Feedback{Class: adaptive.RateLimited}))
+	require.NoError(t, b.Observe(ctx, "k", adaptive.Feedback{Class: adaptive.RateLimited, HasRetryAfter: true}))
 	calls0 := redistest.ScriptCalls(t, rdb)
 	r, err := b.Reserve(ctx, "k", bucket.N(1), 0)
 	require.NoError(t, err)
@@ -187,7 +187,7 @@ func TestLeaseEpochAndDecrease(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, r.Epoch)
 	for range 3 { // the default threshold
-		require.NoError(t, other.Observe(ctx, "k", adaptive.Feedback{Class: adaptive.RateLimited, Epoch: 0}))
+		require.NoError(t, other.Observe(ctx, "k", adaptive.Feedback{Class: adaptive.RateLimited, HasRetryAfter: true}))
 	}
 	time.Sleep(100 * time.Millisecond) // a's lease expires
 	r, err = a.Reserve(ctx, "k", bucket.N(1), 0)

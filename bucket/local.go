@@ -398,7 +398,7 @@ func (l *Local) observe(key string, fb adaptive.Feedback) (decreased, paused boo
 			decreased = true
 		}
 	}
-	if d := l.adapt.pause(fb.RetryAfter); d > 0 && fb.Class != adaptive.Accepted {
+	if d := l.adapt.pause(fb); d > 0 {
 		// Nothing more until the pause ends, then the rate: the bucket is
 		// empty at that moment, so what is reserved meanwhile is spread.
 		// Slots reserved before keep their times (see pauseTokens).
@@ -573,13 +573,14 @@ func (l *Local) decreasedFraction(k *localKey, now time.Time) float64 {
 }
 
 // rate is dimension i's refill rate for k at fraction f (which does not
-// scale a window).
+// scale a window): the configured one, lowered to a reported one unless the
+// report gave the provider's bucket, a constraint of its own.
 func (l *Local) rate(k *localKey, i int, f float64) float64 {
 	if l.dims[i].window() {
 		return l.dims[i].limit.Rate
 	}
 	r := l.dims[i].limit.Rate
-	if k.rate != nil && k.rate[i] > 0 {
+	if k.rate != nil && k.rate[i] > 0 && math.IsNaN(k.provider[i]) {
 		r = min(r, k.rate[i])
 	}
 	return r * f
@@ -592,7 +593,7 @@ func (l *Local) burst(k *localKey, i int, f float64) float64 {
 		return l.dims[i].limit.Burst
 	}
 	b := l.dims[i].limit.Burst
-	if k.burst != nil && k.burst[i] > 0 {
+	if k.burst != nil && k.burst[i] > 0 && math.IsNaN(k.provider[i]) {
 		b = min(b, k.burst[i])
 	}
 	return b * f

@@ -164,10 +164,7 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		r.leases.drop(key)
 	}
 	p := &r.adapt.policy
-	pause := time.Duration(0)
-	if fb.Class != adaptive.Accepted {
-		pause = r.adapt.pause(fb.RetryAfter)
-	}
+	pause := r.adapt.pause(fb)
 	verdict := smallAmounts[0] // nothing to learn from refusals
 	if fb.Class == adaptive.RateLimited && fb.Epoch != outageEpoch {
 		verdict = smallAmounts[1] // a refusal to count

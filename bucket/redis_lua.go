@@ -135,7 +135,9 @@ local function fraction(span, law)
 end
 
 -- refill reads a dimension's hash: its rate and burst now (the configured
--- ones, lowered to what the provider reported while that counts, times f),
+-- ones, lowered to what the provider reported while that counts unless the
+-- report gave the provider's bucket, which is a constraint of its own,
+-- times f),
 -- its tokens, the time they are as of, its expiry, whether a report counts,
 -- and the provider's bucket (its rate, burst and tokens: nil unless a
 -- report that counts gave a remaining). A
@@ -153,10 +155,11 @@ local function refill(key, rate, burst, f, first)
   local learnt = s[6] and tonumber(s[6]) > now
   local pr, pb
   if learnt then
-    if s[4] then rate = math.min(rate, tonumber(s[4]) / 1e6) end
-    if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
     if s[7] and s[4] and s[5] then
       pr, pb = tonumber(s[4]) / 1e6, tonumber(s[5]) / 1e6
+    else
+      if s[4] then rate = math.min(rate, tonumber(s[4]) / 1e6) end
+      if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
     end
   end
   rate, burst = rate * f, burst * f
@@ -519,7 +522,7 @@ for i = 1, #KEYS - 1 do
     rx = now + valid
     redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'b', math.floor(rburst * 1e6 + 0.5), 'rx', rx)
     pr, pb = rrate, rburst
-    rate, burst = math.min(crate, rrate) * f, math.min(cburst, rburst) * f
+    rate, burst = crate * f, cburst * f -- the provider's bucket is no cap on ours
   elseif pt and rem >= 0 then
     -- a report of the provider's bucket that gives no rate (it is full):
     -- the rate it last gave stands

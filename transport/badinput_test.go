@@ -53,8 +53,9 @@ func withHeader(code int, kv ...string) func() *http.Response {
 
 // TestMalformedRateLimitHeaders: a 429 whose Retry-After and rate-limit
 // headers make no sense is retried after the computed backoff, as if they
-// were absent; nothing is paused, and the bucket's rate stays a finite,
-// positive number.
+// were absent: the key is paused only as any 429 that asks for no wait
+// pauses it, one window of its limit (10 ms here), and the bucket's rate
+// stays a finite, positive number.
 func TestMalformedRateLimitHeaders(t *testing.T) {
 	noLeaks(t)
 	for _, hdr := range [][]string{
@@ -78,15 +79,21 @@ func TestMalformedRateLimitHeaders(t *testing.T) {
 		t.Run(hdr[0]+": "+hdr[1], func(t *testing.T) {
 			var hits atomic.Int32
 			clk := newFakeClock()
-			b := bucket.NewLocal(bucket.PerSecond(100), bucket.WithLimit(bucket.Tokens, bucket.PerMinute(100_000)),
+			// Windows of 10 ms: the pause of a 429 that asks for no wait.
+			b := bucket.NewLocal(bucket.Limit{Rate: 100, Burst: 1}, bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 1000, Burst: 10}),
 				bucket.WithClock(frozen{}))
 			tr := transport.New(respond(&hits, withHeader(429, hdr...)), transport.WithBucket(b),
 				transport.WithTestClock(clk.Now, clk.Sleep), transport.WithTestRand(func() float64 { return 0 }))
+			began := time.Now()
 			resp, err := get(t, tr, context.Background(), "https://api.example.com/v1")
 			require.NoError(t, err)
 			assert.Equal(t, 200, resp.StatusCode)
 			assert.EqualValues(t, 2, hits.Load())
-			assert.Equal(t, []time.Duration{500 * time.Millisecond}, clk.Sleeps(), "the first backoff, no pause")
+			assert.Equal(t, []time.Duration{500 * time.Millisecond}, clk.Sleeps(), "the first backoff, no pause of the transport's")
+			// The bucket's wait is in real time: its pause, 10 ms, not a
+			// delay read from the headers (the longest would be the
+			// horizon, 120 windows: 1.2 s).
+			assert.Less(t, time.Since(began), 600*time.Millisecond)
 			for dim, r := range b.Rate("https://api.example.com") {
 				assert.False(t, math.IsNaN(r) || math.IsInf(r, 0) || r <= 0, "%s rate %v", dim, r)
 			}

@@ -38,7 +38,7 @@ const (
 	limitersRate       = 20
 	// limitersCutoff ends a scenario: a call not done by then, from the
 	// common start, is lost.
-	limitersCutoff = 40 * time.Second
+	limitersCutoff = 60 * time.Second
 )
 
 // limitersIdeal is the least makespan a limit of limitersRate with a burst
@@ -142,6 +142,11 @@ const (
 	fakeLeaky    = "llmtest leaky bucket"    // LeakyBucket
 	realHAProxy  = "haproxy"                 // stick table on http_req_rate(1s)
 	realNginx    = "nginx"                   // limit_req burst nodelay
+	// Token buckets that report themselves in OpenAI's headers (and a 429's
+	// Retry-After, the wait in whole seconds): 600 a minute with a burst of
+	// 600, and limitersRate a second with a burst of limitersRate.
+	fakeOpenAIMinute = "llmtest OpenAI 600/min"
+	fakeOpenAISecond = "llmtest OpenAI 20/s"
 )
 
 // limitersScenario is one run of TestFleetAgainstRealLimiters.
@@ -149,6 +154,10 @@ type limitersScenario struct {
 	limiter    string
 	retryAfter bool    // the limiter's 429s say Retry-After: 1
 	rate       float64 // of sluice's bucket
+	// calls in all, and the least makespan the tighter of the limiter and
+	// sluice's bucket allows them; zero: limitersCalls and limitersIdeal.
+	calls int
+	ideal time.Duration
 }
 
 func (sc limitersScenario) name() string {
@@ -156,7 +165,21 @@ func (sc limitersScenario) name() string {
 	if sc.retryAfter {
 		ra = "retry-after-1"
 	}
-	return fmt.Sprintf("%s/%s/sluice-%g", strings.ReplaceAll(sc.limiter, " ", "-"), ra, sc.rate)
+	return fmt.Sprintf("%s/%s/sluice-%g", strings.NewReplacer(" ", "-", "/", "-").Replace(sc.limiter), ra, sc.rate)
+}
+
+func (sc limitersScenario) callsInAll() int {
+	if sc.calls == 0 {
+		return limitersCalls
+	}
+	return sc.calls
+}
+
+func (sc limitersScenario) idealMakespan() time.Duration {
+	if sc.ideal == 0 {
+		return limitersIdeal
+	}
+	return sc.ideal
 }
 
 // limitersRun is what one scenario measured.
@@ -198,15 +221,41 @@ func TestFleetAgainstRealLimiters(t *testing.T) {
 	if os.Getenv("SLUICE_LIMITERS_FLEET") != "1" {
 		t.Skip("a measurement of a minute or more: set SLUICE_LIMITERS_FLEET=1")
 	}
-	addr := redistest.Addr(t)
 	var scenarios []limitersScenario
 	for _, limiter := range []string{fakeCounting, realHAProxy, fakeLeaky, realNginx} {
 		for _, ra := range []bool{false, true} {
 			for _, rate := range []float64{limitersRate, 2 * limitersRate} {
-				scenarios = append(scenarios, limitersScenario{limiter, ra, rate})
+				scenarios = append(scenarios, limitersScenario{limiter: limiter, retryAfter: ra, rate: rate})
 			}
 		}
 	}
+	runLimitersTable(t, scenarios)
+}
+
+// TestFleetAgainstReportedQuotas measures sluice, as
+// TestFleetAgainstRealLimiters does, against token buckets that report
+// their quota in OpenAI's headers, which issue "Learn the provider's real
+// limit" names: 600 calls against 600 a minute with a burst of 600, sluice
+// at 20/s (its own limit the tighter: ideal 29 s) and at 100/s (ideal 5 s);
+// and against 20/s with a burst of 20, sluice at 40/s with the default
+// warm start (ideal 29 s). It is a measurement, logged as a table, and runs
+// only with SLUICE_LIMITERS_FLEET=1.
+func TestFleetAgainstReportedQuotas(t *testing.T) {
+	if os.Getenv("SLUICE_LIMITERS_FLEET") != "1" {
+		t.Skip("a measurement of half a minute or more: set SLUICE_LIMITERS_FLEET=1")
+	}
+	const calls = 600
+	runLimitersTable(t, []limitersScenario{
+		{limiter: fakeOpenAIMinute, rate: 20, calls: calls, ideal: (calls - 20) * time.Second / 20},
+		{limiter: fakeOpenAIMinute, rate: 100, calls: calls, ideal: (calls - 100) * time.Second / 100},
+		{limiter: fakeOpenAISecond, rate: 2 * limitersRate, calls: calls, ideal: (calls - limitersRate) * time.Second / limitersRate},
+	})
+}
+
+// runLimitersTable runs scenarios as parallel subtests and logs their
+// table.
+func runLimitersTable(t *testing.T, scenarios []limitersScenario) {
+	addr := redistest.Addr(t)
 	runs := make([]*limitersRun, len(scenarios))
 	began := time.Now()
 	t.Run("scenarios", func(t *testing.T) {
@@ -217,29 +266,33 @@ func TestFleetAgainstRealLimiters(t *testing.T) {
 				runs[i] = r
 				t.Logf("%s: 429s by second: %v\nadmitted by second: %v\ndecreases (time: fraction of the ceiling): %s\nerrors: %v",
 					r.limiterDesc, r.by429, r.admitted, r.cuts, r.errs)
-				assert.Equal(t, limitersCalls, r.ok+r.lost, "every call is accounted for")
+				assert.Equal(t, sc.callsInAll(), r.ok+r.lost, "every call is accounted for")
 			})
 		}
 	})
 	wall := time.Since(began)
 
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\n%d processes x %d goroutines, %d calls, limiters at %d/s; ideal makespan %.0fs ((calls-burst)/rate); wall time %.1fs\n",
-		limitersProcs, limitersGoroutines, limitersCalls, limitersRate, limitersIdeal.Seconds(), wall.Seconds())
-	fmt.Fprintf(&sb, "%-26s %-13s %-8s %4s %5s %6s %8s %5s %9s %7s\n",
-		"limiter", "Retry-After", "sluice", "ok", "lost", "429s", "429 %", "sent", "makespan", "x ideal")
+	fmt.Fprintf(&sb, "\n%d processes x %d goroutines; the ideal makespan is the least the tighter of the limiter and sluice's bucket allows; wall time %.1fs\n",
+		limitersProcs, limitersGoroutines, wall.Seconds())
+	fmt.Fprintf(&sb, "%-26s %-13s %-8s %5s %4s %5s %6s %8s %5s %8s %9s %7s\n",
+		"limiter", "Retry-After", "sluice", "calls", "ok", "lost", "429s", "429 %", "sent", "ideal", "makespan", "x ideal")
 	for i, sc := range scenarios {
 		r := runs[i]
 		if r == nil {
 			continue
 		}
 		ra := "none"
-		if sc.retryAfter {
+		switch {
+		case sc.retryAfter:
 			ra = "1"
+		case sc.limiter == fakeOpenAIMinute || sc.limiter == fakeOpenAISecond:
+			ra = "the wait"
 		}
-		fmt.Fprintf(&sb, "%-26s %-13s %-8s %4d %5d %6d %7.1f%% %5d %8.2fs %7.2f\n",
-			sc.limiter, ra, fmt.Sprintf("%g/s", sc.rate), r.ok, r.lost, r.throttled,
-			100*float64(r.throttled)/limitersCalls, r.attempts, r.makespan.Seconds(), r.makespan.Seconds()/limitersIdeal.Seconds())
+		n, ideal := sc.callsInAll(), sc.idealMakespan()
+		fmt.Fprintf(&sb, "%-26s %-13s %-8s %5d %4d %5d %6d %7.1f%% %5d %7.0fs %8.2fs %7.2f\n",
+			sc.limiter, ra, fmt.Sprintf("%g/s", sc.rate), n, r.ok, r.lost, r.throttled,
+			100*float64(r.throttled)/float64(n), r.attempts, ideal.Seconds(), r.makespan.Seconds(), r.makespan.Seconds()/ideal.Seconds())
 	}
 	t.Log(sb.String())
 }
@@ -264,6 +317,15 @@ func runLimitersFleet(t *testing.T, addr string, sc limitersScenario) *limitersR
 		t.Cleanup(srv.Close)
 		url = srv.URL + "/ping"
 		run.limiterDesc = cfg.Requests.String()
+	case fakeOpenAIMinute, fakeOpenAISecond:
+		cfg := llmtest.Config{Requests: llmtest.TokenBucket(600, time.Minute, 600), Headers: llmtest.OpenAIHeaders}
+		if sc.limiter == fakeOpenAISecond {
+			cfg.Requests = llmtest.TokenBucket(limitersRate, time.Second, limitersRate)
+		}
+		srv = llmtest.NewServer(cfg)
+		t.Cleanup(srv.Close)
+		url = srv.URL + "/ping"
+		run.limiterDesc = cfg.Requests.String() + ", OpenAI headers"
 	case realHAProxy, realNginx:
 		srv = llmtest.NewServer(llmtest.Config{})
 		t.Cleanup(srv.Close)
@@ -283,11 +345,11 @@ func runLimitersFleet(t *testing.T, addr string, sc limitersScenario) *limitersR
 		}
 	}()
 	key := fmt.Sprintf("limiters-%s-%d", sc.name(), time.Now().UnixNano())
-	share := limitersCalls / limitersProcs
+	share := sc.callsInAll() / limitersProcs
 	for i := range limitersProcs {
 		calls := share
 		if i == 0 {
-			calls += limitersCalls - share*limitersProcs
+			calls += sc.callsInAll() - share*limitersProcs
 		}
 		p, err := fleettest.Start(ctx, limitersWorkerEnv, limitersWorkerConfig{Redis: addr, Key: key, URL: url,
 			Calls: calls, Goroutines: limitersGoroutines, Rate: sc.rate})

@@ -70,7 +70,8 @@ func TestNewClient(t *testing.T) {
 }
 
 func TestEveryAttemptSpendsTokens(t *testing.T) {
-	s := newScript(status(503), status(429))
+	// Retry-After: 0, or the 429 would pause the key (bucket.Observe).
+	s := newScript(status(503), status(429, "Retry-After", "0"))
 	defer s.Close()
 	b := bucket.NewLocal(bucket.PerSecond(10), bucket.WithClock(frozen{}))
 	clk := newFakeClock()
@@ -215,6 +216,10 @@ func TestBreaker(t *testing.T) {
 		if r.URL.Path == "/hang" {
 			<-r.Context().Done()
 			return
+		}
+		if c := code.Load(); c == 429 {
+			// Retry-After: 0, or the 429 would pause the key (bucket.Observe).
+			w.Header().Set("Retry-After", "0")
 		}
 		w.WriteHeader(int(code.Load()))
 	}))
