@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/internal/fleettest"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -58,6 +59,7 @@ type limitersWorkerConfig struct {
 	Calls      int
 	Goroutines int
 	Rate       float64 // of sluice's bucket, per second
+	Bucket     string  // its kind: a token bucket ("") or a limitersRecipe
 }
 
 // limitersResult is what a worker prints on stdout when it is done.
@@ -83,7 +85,20 @@ func limitersWorker() int {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis, PoolSize: 2 * cfg.Goroutines})
 	defer rdb.Close()
-	b := bucket.NewRedis(rdb, bucket.PerSecond(cfg.Rate))
+	var b bucket.Bucket
+	switch cfg.Bucket {
+	case "":
+		b = bucket.NewRedis(rdb, bucket.PerSecond(cfg.Rate))
+	case recipeColdStart:
+		b = bucket.NewRedis(rdb, bucket.PerSecond(cfg.Rate), bucket.WithPolicy(adaptive.Policy{ColdStart: true}))
+	case recipeBurstOne:
+		b = bucket.NewRedis(rdb, bucket.Limit{Rate: cfg.Rate - 1, Burst: 1})
+	case recipeSlidingLog:
+		b = bucket.NewSlidingLog(rdb, bucket.PerSecond(cfg.Rate))
+	default:
+		fmt.Fprintln(os.Stderr, "limiters worker: no bucket", cfg.Bucket)
+		return 2
+	}
 	// Connect and load the scripts before the start, on a key of its own.
 	if _, err := b.Reserve(context.Background(), cfg.Key+"-warm-up", bucket.N(1), 0); err != nil {
 		fmt.Fprintln(os.Stderr, "limiters worker: redis:", err)
@@ -154,6 +169,7 @@ type limitersScenario struct {
 	limiter    string
 	retryAfter bool    // the limiter's 429s say Retry-After: 1
 	rate       float64 // of sluice's bucket
+	bucket     string  // sluice's bucket: a token bucket ("") or a recipe
 	// calls in all, and the least makespan the tighter of the limiter and
 	// sluice's bucket allows them; zero: limitersCalls and limitersIdeal.
 	calls int
@@ -165,7 +181,11 @@ func (sc limitersScenario) name() string {
 	if sc.retryAfter {
 		ra = "retry-after-1"
 	}
-	return fmt.Sprintf("%s/%s/sluice-%g", strings.NewReplacer(" ", "-", "/", "-").Replace(sc.limiter), ra, sc.rate)
+	name := fmt.Sprintf("%s/%s/sluice-%g", strings.NewReplacer(" ", "-", "/", "-").Replace(sc.limiter), ra, sc.rate)
+	if sc.bucket != "" {
+		name += "-" + strings.ReplaceAll(sc.bucket, " ", "-")
+	}
+	return name
 }
 
 func (sc limitersScenario) callsInAll() int {
@@ -252,6 +272,36 @@ func TestFleetAgainstReportedQuotas(t *testing.T) {
 	})
 }
 
+// The recipes that the README gives for a provider that counts in a
+// sliding window, or counts refused requests.
+const (
+	recipeColdStart  = "cold start"  // adaptive.Policy{ColdStart: true}
+	recipeBurstOne   = "burst 1"     // bucket.Limit{Rate: n - 1, Burst: 1}: Burst + Rate·1 s = n
+	recipeSlidingLog = "sliding log" // bucket.NewSlidingLog
+)
+
+// TestFleetLimiterRecipes measures, as TestFleetAgainstRealLimiters does,
+// the README's recipes against the limiters that count over a sliding
+// second, refusals included (llmtest's CountingSlidingWindow and haproxy),
+// configured at the true limit: a token bucket that starts cold, one whose
+// burst and a second's refill add up to the limit (a burst of 1), and a
+// sliding log. It is a measurement, logged as a table, and runs only with
+// SLUICE_LIMITERS_FLEET=1.
+func TestFleetLimiterRecipes(t *testing.T) {
+	if os.Getenv("SLUICE_LIMITERS_FLEET") != "1" {
+		t.Skip("a measurement of half a minute or more: set SLUICE_LIMITERS_FLEET=1")
+	}
+	var scenarios []limitersScenario
+	for _, limiter := range []string{fakeCounting, realHAProxy} {
+		for _, ra := range []bool{false, true} {
+			for _, recipe := range []string{recipeColdStart, recipeBurstOne, recipeSlidingLog} {
+				scenarios = append(scenarios, limitersScenario{limiter: limiter, retryAfter: ra, rate: limitersRate, bucket: recipe})
+			}
+		}
+	}
+	runLimitersTable(t, scenarios)
+}
+
 // runLimitersTable runs scenarios as parallel subtests and logs their
 // table.
 func runLimitersTable(t *testing.T, scenarios []limitersScenario) {
@@ -275,7 +325,7 @@ func runLimitersTable(t *testing.T, scenarios []limitersScenario) {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\n%d processes x %d goroutines; the ideal makespan is the least the tighter of the limiter and sluice's bucket allows; wall time %.1fs\n",
 		limitersProcs, limitersGoroutines, wall.Seconds())
-	fmt.Fprintf(&sb, "%-26s %-13s %-8s %5s %4s %5s %6s %8s %5s %8s %9s %7s\n",
+	fmt.Fprintf(&sb, "%-26s %-13s %-16s %5s %4s %5s %6s %8s %5s %8s %9s %7s\n",
 		"limiter", "Retry-After", "sluice", "calls", "ok", "lost", "429s", "429 %", "sent", "ideal", "makespan", "x ideal")
 	for i, sc := range scenarios {
 		r := runs[i]
@@ -290,8 +340,8 @@ func runLimitersTable(t *testing.T, scenarios []limitersScenario) {
 			ra = "the wait"
 		}
 		n, ideal := sc.callsInAll(), sc.idealMakespan()
-		fmt.Fprintf(&sb, "%-26s %-13s %-8s %5d %4d %5d %6d %7.1f%% %5d %7.0fs %8.2fs %7.2f\n",
-			sc.limiter, ra, fmt.Sprintf("%g/s", sc.rate), n, r.ok, r.lost, r.throttled,
+		fmt.Fprintf(&sb, "%-26s %-13s %-16s %5d %4d %5d %6d %7.1f%% %5d %7.0fs %8.2fs %7.2f\n",
+			sc.limiter, ra, strings.TrimSpace(fmt.Sprintf("%g/s %s", sc.rate, sc.bucket)), n, r.ok, r.lost, r.throttled,
 			100*float64(r.throttled)/float64(n), r.attempts, ideal.Seconds(), r.makespan.Seconds(), r.makespan.Seconds()/ideal.Seconds())
 	}
 	t.Log(sb.String())
@@ -352,7 +402,7 @@ func runLimitersFleet(t *testing.T, addr string, sc limitersScenario) *limitersR
 			calls += sc.callsInAll() - share*limitersProcs
 		}
 		p, err := fleettest.Start(ctx, limitersWorkerEnv, limitersWorkerConfig{Redis: addr, Key: key, URL: url,
-			Calls: calls, Goroutines: limitersGoroutines, Rate: sc.rate})
+			Calls: calls, Goroutines: limitersGoroutines, Rate: sc.rate, Bucket: sc.bucket})
 		require.NoError(t, err)
 		procs = append(procs, p)
 	}
