@@ -73,6 +73,9 @@ type report struct {
 	until            time.Duration // from now
 }
 
+// says reports whether r says anything: a remaining, a rate or a burst.
+func (r report) says() bool { return r.rem >= 0 || r.rate > 0 || r.burst > 0 }
+
 // report bounds q, reported for a dimension limited to l.
 func (a *adaptation) report(q adaptive.Quota, l Limit) report {
 	r := report{rem: -1}
@@ -93,21 +96,22 @@ func (a *adaptation) report(q adaptive.Quota, l Limit) report {
 	return r
 }
 
-// pause returns how long fb pauses a key, bounded: at most span. A
+// pause returns how long fb pauses a key, bounded: at most span; reported
+// says whether the key believed a quota fb reported (see report.says). A
 // refusal pauses it for as long as it asks (a Retry-After, or a delay its
 // body states). A refusal for rate (a 429) that asks for no wait and reports
-// no quota pauses it for one window of the limit, at most maxUnasked: what
-// a limiter that counts over its window, refusals included (a proxy's
-// sliding window, as haproxy's http_req_rate), needs to forget the excess,
-// where the fleet's retries after a backoff would keep its count full.
-// Anything else pauses nothing.
-func (a *adaptation) pause(fb adaptive.Feedback) time.Duration {
+// no quota the key believes pauses it for one window of the limit, at most
+// maxUnasked: what a limiter that counts over its window, refusals included
+// (a proxy's sliding window, as haproxy's http_req_rate), needs to forget
+// the excess, where the fleet's retries after a backoff would keep its
+// count full. Anything else pauses nothing.
+func (a *adaptation) pause(fb adaptive.Feedback, reported bool) time.Duration {
 	switch {
 	case fb.Class == adaptive.Accepted:
 		return 0
 	case fb.HasRetryAfter || fb.RetryAfter > 0:
 		return min(max(fb.RetryAfter, 0), a.span)
-	case fb.Class == adaptive.RateLimited && len(fb.Quotas) == 0:
+	case fb.Class == adaptive.RateLimited && !reported:
 		return min(a.limit, maxUnasked, a.span)
 	}
 	return 0

@@ -27,13 +27,15 @@ type Bucket interface {
 	// a usage report beyond it is a lie that would stall the key.
 	Adjust(ctx context.Context, key string, delta Cost) error
 	// Observe applies what a response said about the limit to key, for
-	// every user of the bucket: a pause for its Retry-After (what is
-	// reserved from then on comes after it, at the rate; slots reserved
-	// before keep their times, and those due during it count as spent), a
-	// rate decrease (once per epoch) when it was throttled, tokens clamped
-	// to what the provider reports remaining, the rate capped at what it
-	// reports. A window bucket (FixedWindow, SlidingLog) does not adapt,
-	// and ignores fb.
+	// every user of the bucket: a pause for its Retry-After, or for one
+	// window of the limit (at most a second) when a 429 asks for no wait
+	// and reports no quota (what is reserved from then on comes after it,
+	// at the rate; slots reserved before keep their times, and those due
+	// during it count as spent), a rate decrease (once per epoch) when it
+	// was throttled; a reported limit, remaining and reset as the
+	// provider's bucket, a constraint beside the configured limit (a
+	// remaining alone clamps the tokens, a limit alone caps the rate). A
+	// window bucket (FixedWindow, SlidingLog) does not adapt, and ignores fb.
 	Observe(ctx context.Context, key string, fb adaptive.Feedback) error
 }
 
@@ -107,8 +109,9 @@ type constraint struct {
 // may go by q: in each token bucket, its slot there, moved up by the credit
 // given since it reserved (the refunds of calls served are capacity its
 // slot had counted as taken), but not into a pause; or the end of that
-// bucket's queue if that is sooner; and the latest of those. Where either
-// has no places, the end of the queue if that is sooner than slot.
+// bucket's queue if that is sooner; and the latest of those; in a bucket
+// that is gone since, slot. Where either has no places, the end of the
+// queue if that is sooner than slot.
 //
 // This keeps each bucket's bound: what was admitted by any moment t is at
 // most its capacity by t, time's (refilled up to the burst) plus the
@@ -130,10 +133,17 @@ func movedTo(slot time.Time, pl []constraint, q queue) time.Time {
 	}
 	var at time.Time
 	for i, c := range q.cons {
+		p := pl[i]
 		if !c.ok {
+			if p.ok {
+				// The bucket its slot rested on is gone (a provider's
+				// bucket whose report ran its time, or that a report
+				// dropped), and what it owed is in the others': the slot
+				// holds.
+				at = later(at, slot)
+			}
 			continue
 		}
-		p := pl[i]
 		s := slot
 		if p.ok && p.at.Before(slot) {
 			s = p.at

@@ -383,7 +383,7 @@ func (l *Local) observe(key string, fb adaptive.Feedback) (decreased, paused boo
 	if rated {
 		// The provider says what its limit is: that replaces what
 		// refusals taught.
-		k.decreased, k.refused = time.Time{}, 0
+		k.decreased, k.refused, k.counting = time.Time{}, 0, time.Time{}
 	} else if l.adapt.counts(fb, k.epoch) {
 		if now.Sub(k.counting) > l.adapt.window {
 			k.refused, k.counting = 0, now
@@ -394,11 +394,15 @@ func (l *Local) observe(key string, fb adaptive.Feedback) (decreased, paused boo
 			k.after = law.Decreased(l.adapt.policy, l.fraction(k, now), held)
 			k.decreased = now
 			k.epoch++
-			k.refused = 0
+			k.refused, k.counting = 0, time.Time{} // the next refusal starts a count
 			decreased = true
 		}
 	}
-	if d := l.adapt.pause(fb); d > 0 {
+	believed := false
+	for _, r := range reports {
+		believed = believed || r.says()
+	}
+	if d := l.adapt.pause(fb, believed); d > 0 {
 		// Nothing more until the pause ends, then the rate: the bucket is
 		// empty at that moment, so what is reserved meanwhile is spread.
 		// Slots reserved before keep their times (see pauseTokens).
@@ -461,6 +465,9 @@ func (l *Local) observe(key string, fb adaptive.Feedback) (decreased, paused boo
 			}
 			k.rate[i], k.burst[i] = r.rate, r.burst
 		} else {
+			if had {
+				k.tokens[i] = min(k.tokens[i], pt) // what the provider's bucket was owed stays owed, in ours
+			}
 			k.provider[i] = math.NaN() // caps on ours
 			if r.rem >= 0 {
 				k.tokens[i] = min(k.tokens[i], r.rem)
@@ -544,8 +551,9 @@ func (l *Local) reports(fb adaptive.Feedback) (reports []report, rated bool) {
 }
 
 // Rate returns the rate, per second, key refills at now in each dimension:
-// the configured limit's, or the provider's if it reported a lower one,
-// times the fraction the adaptive law has it at.
+// the configured limit's times the fraction the adaptive law has it at, or
+// the provider's if it reported a lower one (its bucket's refill, where it
+// reported the bucket: what remains there goes at ours).
 func (l *Local) Rate(key string) Cost {
 	now := l.clock.Now()
 	l.mu.Lock()
@@ -555,6 +563,9 @@ func (l *Local) Rate(key string) Cost {
 	c := make(Cost, len(l.dims))
 	for i, d := range l.dims {
 		c[d.name] = l.rate(k, i, f)
+		if _, pr, _, ok := k.prov(i); ok {
+			c[d.name] = min(c[d.name], pr)
+		}
 	}
 	return c
 }
@@ -600,7 +611,8 @@ func (l *Local) burst(k *localKey, i int, f float64) float64 {
 }
 
 // queueEnd returns when the last slot reserved on key comes due, the time
-// its deepest debt is repaid; the zero time if it has no debt.
+// its deepest debt is repaid, its own or its provider bucket's; the zero
+// time if it has no debt.
 func (l *Local) queueEnd(key string) time.Time {
 	now := l.clock.Now()
 	l.mu.Lock()
@@ -614,6 +626,11 @@ func (l *Local) queueEnd(key string) time.Time {
 	for i := range l.dims {
 		if k.tokens[i] < 0 {
 			if t := k.last.Add(wait.Seconds(-k.tokens[i] / l.rate(k, i, f))); t.After(end) {
+				end = t
+			}
+		}
+		if pt, pr, _, ok := k.prov(i); ok && pt < 0 {
+			if t := k.last.Add(wait.Seconds(-pt / pr)); t.After(end) {
 				end = t
 			}
 		}
@@ -669,7 +686,16 @@ func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
 	if k.rate != nil {
 		for i, u := range k.reported {
 			if !now.Before(u) { // the report has run its time
+				pt, pr, pb, had := k.prov(i)
 				k.rate[i], k.burst[i], k.provider[i] = 0, 0, math.NaN()
+				if had {
+					// What the provider's bucket was owed at its end stays
+					// owed, in ours, repaid from then at our rate; a new
+					// life, since no waiter's place there holds any more.
+					d := max(u.Sub(k.last).Seconds(), 0)
+					k.tokens[i] = min(k.tokens[i], min(pt+d*pr, pb)-d*l.rate(k, i, l.fraction(k, now)))
+					k.life++
+				}
 			}
 		}
 	}

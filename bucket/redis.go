@@ -164,7 +164,7 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		r.leases.drop(key)
 	}
 	p := &r.adapt.policy
-	pause := r.adapt.pause(fb)
+	believed := false          // a quota that a dimension keeps
 	verdict := smallAmounts[0] // nothing to learn from refusals
 	if fb.Class == adaptive.RateLimited && fb.Epoch != outageEpoch {
 		verdict = smallAmounts[1] // a refusal to count
@@ -174,7 +174,7 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 	keys = append(keys, base)
 	args := make([]any, 0, 11+6*len(r.dims))
 	args = append(args, verdict, r.span, r.adapt.flags(), scriptArg(float64(min(fb.Epoch, 1<<53))),
-		scriptArg(float64(pause.Microseconds())),
+		nil, // the pause, once the reports are read
 		scriptArg(p.Decrease), scriptArg(p.Floor), scriptArg(float64(r.adapt.minEpoch.Microseconds())),
 		scriptArg(float64(p.Threshold)), scriptArg(float64(r.adapt.window.Microseconds())),
 		scriptArg(float64(r.adapt.hold.Microseconds())))
@@ -187,9 +187,11 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		if rp.rate > 0 {
 			args[0] = smallAmounts[2] // forget what refusals taught
 		}
+		believed = believed || rp.says()
 		args = append(args, r.param[i], d.burst, scriptArg(rp.rem), scriptArg(rp.rate), scriptArg(rp.burst),
 			scriptArg(float64(rp.until.Microseconds())))
 	}
+	args[4] = scriptArg(float64(r.adapt.pause(fb, believed).Microseconds()))
 	changed, err := r.run(ctx, observeScript, keys, args...).Int64()
 	if err != nil {
 		if sh := r.fo.fallback(err); sh != nil {

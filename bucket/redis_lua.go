@@ -163,6 +163,17 @@ local function refill(key, rate, burst, f, first)
     end
   end
   rate, burst = rate * f, burst * f
+  if s[7] and s[6] and s[1] and s[4] and s[5] and not learnt then
+    -- The provider's bucket has run its time: what it was owed at its end
+    -- stays owed, in ours, repaid from then at our rate; a new life, since
+    -- no waiter's place there holds any more.
+    local d = math.max(0, tonumber(s[6]) - tonumber(s[2]))
+    local pu = math.min(tonumber(s[5]), tonumber(s[7]) + d * tonumber(s[4]) / 1e6)
+    s[1], s[7] = math.min(tonumber(s[1]), math.floor(pu - d * rate + 0.5)), nil
+    redis.call('HSET', key, 't', s[1])
+    redis.call('HDEL', key, 'p')
+    redis.call('HINCRBY', key, 'i', 1)
+  end
   if not s[1] then
     local tk = burst
     if cold and not exact then tk = math.min(burst, first) end
@@ -422,15 +433,17 @@ return out
 `)
 
 // tokensScript returns each dimension key's tokens now (as of the end of a
-// pause), then each one's rate, as strings, changing nothing. ARGV[1] and
+// pause), then each one's rate, the lower of ours and the provider's
+// bucket's, as strings, changing nothing but the form of the state (refill
+// folds a provider's bucket that has run its time into ours). ARGV[1] and
 // the amounts are unused.
 var tokensScript = newScript(luaCommon + `
 local f = fraction(span, law)
 local out, n = {}, #KEYS - 1
 for i = 1, n do
-  local rate, burst, tk, _, _, _, _, _, pt = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local rate, burst, tk, _, _, _, pr, _, pt = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   if pt then
-    tk = math.min(tk, pt)
+    tk, rate = math.min(tk, pt), math.min(rate, pr)
   end
   out[i] = string.format('%.17g', tk)
   out[n+i] = string.format('%.17g', rate)
@@ -541,6 +554,9 @@ for i = 1, #KEYS - 1 do
       redis.call('HDEL', key, 'r', 'b', 'p')
       rx = now + valid
       redis.call('HSET', key, 'rx', rx)
+      if pt then
+        tk = math.min(tk, pt) -- what the provider's bucket was owed stays owed, in ours
+      end
       rate, burst, pt = crate * f, cburst * f, nil
       if rrate > 0 then
         redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5))
