@@ -9,7 +9,6 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/bucket"
-	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestLimitOnlyReportKeepsProviderDebt: the provider's bucket
@@ -58,45 +57,12 @@ func TestRateUnderProviderBucket(t *testing.T) {
 	assert.Equal(t, 1.0, b.Rate("k")[bucket.Requests], "the provider reported 1/s, lower than 10/s")
 }
 
-// TestFlappingRedisWithProviderBucket: as
-// TestFlappingRedisHandsNoTimeOutTwice, with a provider's bucket (60 a
-// minute, 10 left) learnt during the first outage: the first share's queue
-// is 20 s deep at the provider's 1/s, but the second share starts each key
-// at the end of the first's own debt (queueEnd), 2 s at the configured
-// 10/s, handing out again the provider's time the first share queued.
-func TestFlappingRedisWithProviderBucket(t *testing.T) {
-	srv := redistest.Own(t)
-	rdb := fastClient(t, srv.Addr)
-	b := bucket.NewRedis(rdb, bucket.PerSecond(10), quickBreaker)
-	ctx := t.Context()
-	_, err := b.Reserve(ctx, "warm", bucket.N(1), 0)
-	require.NoError(t, err)
-	srv.Stop()
-	_, err = b.Reserve(ctx, "k", bucket.N(1), bucket.Unlimited) // the share, empty
-	require.NoError(t, err)
-	require.NoError(t, b.Observe(ctx, "k", adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-		bucket.Requests: {Limit: 60, Remaining: 10, Window: time.Minute}}}))
-	var last time.Duration
-	for range 30 {
-		r, err := b.Reserve(ctx, "k", bucket.N(1), bucket.Unlimited)
-		require.NoError(t, err)
-		last = r.Delay
-	}
-	require.Greater(t, last, 15*time.Second, "the provider's 1/s paces the first share")
-	start := time.Now()
-	redisBack(t, srv, b) // "k" is not called: nothing settles it
-	srv.Stop()
-	r, err := b.Reserve(ctx, "k", bucket.N(1), bucket.Unlimited)
-	require.NoError(t, err)
-	assert.GreaterOrEqual(t, r.Delay+time.Since(start), last,
-		"the second share starts after the first one's queue")
-}
-
-// TestUnbelievedQuotaPausesAsNone: a 429 that asks for no wait
-// and whose only quota the bucket does not believe (a reset 100 years out,
-// "a lie, remaining and all") or does not limit (a dimension it has no
-// limit for) reports no quota the bucket can use, yet it pauses nothing:
-// adaptation.pause tests len(fb.Quotas), not what the bucket learnt.
+// TestUnbelievedQuotaPausesAsNone: a 429 that asks for no wait and whose
+// only quota the bucket does not believe (a reset 100 years out, "a lie,
+// remaining and all") or does not limit (a dimension it has no limit for)
+// reports no quota the bucket can use: it pauses the key as a 429 that
+// reports none. It paused nothing when the pause looked at fb.Quotas
+// rather than at what the bucket kept.
 func TestUnbelievedQuotaPausesAsNone(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
