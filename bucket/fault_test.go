@@ -250,9 +250,12 @@ func TestFaultRedisDown(t *testing.T) {
 			first, last                           time.Time // the first call, the last slot
 		)
 		for i, res := range open {
-			back := backOnRedis(res.States, restartAt)
+			// From the restart's beginning: Redis may answer a worker's
+			// probe before it answers the test's PING (21 ms before it, on
+			// a loaded machine, in one run).
+			back := backOnRedis(res.States, restartBegin)
 			require.False(t, back.IsZero(), "worker %d never went back to Redis: %v", i, res.States)
-			recovery := back.Sub(restartAt)
+			recovery := max(back.Sub(restartAt), 0)
 			worstRecovery = max(worstRecovery, recovery.Seconds())
 			assert.Less(t, recovery, 2*time.Second, "worker %d back on Redis", i)
 
