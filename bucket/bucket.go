@@ -110,7 +110,7 @@ type constraint struct {
 // given since it reserved (the refunds of calls served are capacity its
 // slot had counted as taken), but not into a pause; or the end of that
 // bucket's queue if that is sooner; and the latest of those; in a bucket
-// that is gone since, slot. Where either has no places, the end of the
+// that is gone since, or another life of it, slot. Where either has no places, the end of the
 // queue if that is sooner than slot.
 //
 // This keeps each bucket's bound: what was admitted by any moment t is at
@@ -134,12 +134,12 @@ func movedTo(slot time.Time, pl []constraint, q queue) time.Time {
 	var at time.Time
 	for i, c := range q.cons {
 		p := pl[i]
-		if !c.ok {
+		if !c.ok || p.ok && p.life != c.life {
 			if p.ok {
 				// The bucket its slot rested on is gone (a provider's
 				// bucket whose report ran its time, or that a report
-				// dropped), and what it owed is in the others': the slot
-				// holds.
+				// dropped), or is another one now, which never counted
+				// this call: the slot holds.
 				at = later(at, slot)
 			}
 			continue
@@ -149,7 +149,7 @@ func movedTo(slot time.Time, pl []constraint, q queue) time.Time {
 			s = p.at
 		}
 		m := earlier(s, c.at)
-		if p.ok && p.life == c.life && c.credit > p.credit {
+		if p.ok && c.credit > p.credit { // of the same life (above)
 			if r := max(p.rate, c.rate); r > 0 {
 				secs := min(float64(c.credit-p.credit)/1e6/r, 1e6)
 				m = earlier(m, later(s.Add(-time.Duration(secs*float64(time.Second))), c.from))

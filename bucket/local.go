@@ -774,6 +774,11 @@ func (l *Local) sweep(now time.Time) {
 			k.rate != nil && slices.ContainsFunc(k.reported, now.Before) {
 			continue // what it learnt still matters
 		}
+		if k.rate != nil {
+			// A report that has run its time leaves what it was owed in
+			// the tokens (advance): that is owed still.
+			k = l.advance(name, now, nil)
+		}
 		full := true
 		elapsed := now.Sub(k.last).Seconds()
 		for i, d := range l.dims {

@@ -166,12 +166,12 @@ local function refill(key, rate, burst, f, first)
   if s[7] and s[6] and s[1] and s[4] and s[5] and not learnt then
     -- The provider's bucket has run its time: what it was owed at its end
     -- stays owed, in ours, repaid from then at our rate; a new life, since
-    -- no waiter's place there holds any more.
+    -- no waiter's place there holds any more. Once: its fields go.
     local d = math.max(0, tonumber(s[6]) - tonumber(s[2]))
     local pu = math.min(tonumber(s[5]), tonumber(s[7]) + d * tonumber(s[4]) / 1e6)
     s[1], s[7] = math.min(tonumber(s[1]), math.floor(pu - d * rate + 0.5)), nil
     redis.call('HSET', key, 't', s[1])
-    redis.call('HDEL', key, 'p')
+    redis.call('HDEL', key, 'p', 'r', 'b')
     redis.call('HINCRBY', key, 'i', 1)
   end
   if not s[1] then
@@ -587,9 +587,15 @@ for i = 1, #KEYS - 1 do
   end
   store(key, tk, at, x, rate * nf / f, burst * nf / f, pt, pr, pb, rx, pin)
 end
--- The time paused does not count toward the threshold's window.
+-- The time paused does not count toward the threshold's window; the count,
+-- moved on, must outlive the hash no more than before.
 if paused > 0 and tonumber(redis.call('HGET', KEYS[1], 'c') or 0) > 0 then
-  redis.call('HINCRBY', KEYS[1], 'cs', paused)
+  local cs = redis.call('HINCRBY', KEYS[1], 'cs', paused)
+  local ttl = math.ceil((cs + tonumber(ARGV[10]) - now) / 1000) + 1000
+  local left = redis.call('PTTL', KEYS[1])
+  if left >= 0 and left < ttl then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  end
 end
 return changed
 `)
