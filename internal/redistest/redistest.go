@@ -92,14 +92,18 @@ func (s *Server) start(bin string, extra []string) error {
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
-	if err := s.waitReady(5 * time.Second); err != nil {
+	if err := s.waitReady(5*time.Second, done); err != nil {
 		s.Stop()
 		return err
 	}
 	return nil
 }
 
-func (s *Server) waitReady(timeout time.Duration) error {
+// waitReady waits until the server started answers, or until its process
+// has exited (done is closed): a server that could not start, for one whose
+// port another process took meanwhile, fails at once, so that Restart can
+// try again.
+func (s *Server) waitReady(timeout time.Duration, done <-chan struct{}) error {
 	// go-redis retries a refused dial after 100 ms, longer than a server
 	// takes to start.
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1,
@@ -116,7 +120,11 @@ func (s *Server) waitReady(timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("redistest: redis-server on %s not ready: %w", s.Addr, err)
 		}
-		time.Sleep(5 * time.Millisecond)
+		select {
+		case <-done:
+			return fmt.Errorf("redistest: redis-server on %s exited before it answered: %w", s.Addr, err)
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }
 
@@ -155,7 +163,7 @@ func (s *Server) Restart(extra ...string) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		err := s.start(bin, extra)
 		if err == nil || time.Now().After(deadline) {
