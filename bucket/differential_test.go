@@ -14,33 +14,59 @@ import (
 	"github.com/sluicehq/sluice/bucket"
 )
 
+// variant is a way TestLocalAgreesWithScripts drives Local and the scripts.
+type variant struct {
+	name       string
+	policy     adaptive.Policy
+	retryAfter bool // 429s that ask a wait
+	adjust     bool // Adjust (not Settle): debits and refunds not served
+	rated      bool // reports with rates (Window/Reset), whatever the policy
+	rates      bool // compare Rate at every step
+	tokens     bool // compare Tokens at every step
+	noWindow   bool // no WithWindow dimension
+	deep       bool // larger reservations, no max wait: the provider's bucket in debt at its end
+	endOnly    bool // compare the tokens at the end only (a Local read writes the key: a Local read refills the key at a reported cap, and writes it; the scripts write nothing, and the end of the cap then finds them apart)
+}
+
 // TestLocalAgreesWithScripts drives Local and the Lua scripts (under the
 // same controlled clock) through the same random sequences of reports of
-// every kind, 429s that ask for no wait, reservations, settlements and
-// steps of time, over requests, tokens and a window of requests, and
-// requires that they hand out the same slots and hold the same tokens:
-// with the law's decreases off (reports with rates and resets), and on
-// (reports without, which would forget the refusals).
+// every kind, 429s, reservations, settlements or adjustments and steps of
+// time, over requests, tokens and a window of requests, and requires that
+// they hand out the same slots and hold the same tokens (and rates), in
+// each variant: the first two the plainest, with the law's decreases off
+// (reports with rates and resets) and on (reports without).
 func TestLocalAgreesWithScripts(t *testing.T) {
-	for _, decreases := range []bool{false, true} {
-		t.Run(fmt.Sprintf("decreases=%v", decreases), func(t *testing.T) {
-			agree(t, decreases, 400)
-		})
+	for _, v := range []variant{
+		{name: "reports", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, endOnly: true},
+		{name: "decreases", policy: adaptive.Policy{}, endOnly: true},
+		{name: "cold", policy: adaptive.Policy{Threshold: 1_000_000, ColdStart: true}, rated: true, tokens: true},
+		{name: "retryafter", policy: adaptive.Policy{Threshold: 1_000_000}, retryAfter: true, rated: true, tokens: true},
+		{name: "adjust", policy: adaptive.Policy{Threshold: 1_000_000}, adjust: true, rated: true, tokens: true},
+		{name: "decreases-rated", policy: adaptive.Policy{Threshold: 2}, retryAfter: true, rated: true, tokens: true},
+		{name: "rates", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, rates: true},
+		{name: "deep-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, deep: true, retryAfter: true, endOnly: true},
+		{name: "deep-decreases-end", policy: adaptive.Policy{Threshold: 2}, rated: true, deep: true, retryAfter: true, endOnly: true},
+		{name: "deep-adjust-end", policy: adaptive.Policy{Threshold: 2}, rated: true, deep: true, retryAfter: true, endOnly: true, adjust: true},
+		{name: "rates-decreases", policy: adaptive.Policy{Threshold: 2}, rated: true, rates: true, retryAfter: true},
+	} {
+		n := 60
+		if v.name == "reports" || v.name == "decreases" {
+			n = 200
+		}
+		t.Run(v.name, func(t *testing.T) { agreeVariant(t, v, n) })
 	}
 }
 
-func agree(t *testing.T, decreases bool, sequences int) {
+func agreeVariant(t *testing.T, v variant, sequences int) {
 	bes := backends(t)
-	require.Len(t, bes, 2)
-	pol := bucket.WithPolicy(adaptive.Policy{Threshold: 1_000_000})
-	if decreases {
-		pol = bucket.WithPolicy(adaptive.Policy{})
-	}
 	bs := make([]bucket.Bucket, len(bes))
 	for i, be := range bes {
-		bs[i] = be.new(t, bucket.PerSecond(10), pol,
-			bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 100, Burst: 1000}),
-			bucket.WithWindow(bucket.Requests, bucket.PerMinute(300)))
+		opts := []bucket.Option{bucket.WithPolicy(v.policy),
+			bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 100, Burst: 1000})}
+		if !v.noWindow {
+			opts = append(opts, bucket.WithWindow(bucket.Requests, bucket.PerMinute(300)))
+		}
+		bs[i] = be.new(t, bucket.PerSecond(10), opts...)
 	}
 	ctx := t.Context()
 	quota := func(r *rand.Rand) adaptive.Quota {
@@ -51,7 +77,7 @@ func agree(t *testing.T, decreases bool, sequences int) {
 		if r.IntN(3) > 0 {
 			q.Remaining = float64(r.IntN(int(max(q.Limit, 5)) + 1))
 		}
-		if !decreases {
+		if v.rated {
 			switch r.IntN(3) {
 			case 0:
 				q.Window = []time.Duration{time.Second, 10 * time.Second, time.Minute}[r.IntN(3)]
@@ -62,13 +88,17 @@ func agree(t *testing.T, decreases bool, sequences int) {
 		return q
 	}
 	for seq := range sequences {
-		r := rand.New(rand.NewPCG(uint64(seq), 7))
-		key := fmt.Sprintf("agree-%d", seq)
+		r := rand.New(rand.NewPCG(uint64(seq), 11))
+		key := fmt.Sprintf("agree4-%d", seq)
 		var log []string
+		skip, touched := false, false
 		for step := range 40 {
+			if skip {
+				break
+			}
 			var op string
-			var got [2]string
-			switch r.IntN(7) {
+			var got, res [2]string
+			switch r.IntN(8) {
 			case 0, 1:
 				fb := adaptive.Feedback{Quotas: map[string]adaptive.Quota{bucket.Requests: quota(r)}}
 				if r.IntN(2) == 0 {
@@ -87,26 +117,46 @@ func agree(t *testing.T, decreases bool, sequences int) {
 					require.NoError(t, b.Observe(ctx, key, fb))
 				}
 			case 2:
-				op = "a 429 that asks no wait"
+				fb := adaptive.Feedback{Class: adaptive.RateLimited, Epoch: 1 << 40}
+				if v.retryAfter && r.IntN(2) == 0 {
+					fb.HasRetryAfter = true
+					fb.RetryAfter = time.Duration(r.IntN(3000)) * time.Millisecond
+				}
+				op = fmt.Sprintf("429 %+v", fb)
 				for _, b := range bs {
-					require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, Epoch: 1 << 40}))
+					require.NoError(t, b.Observe(ctx, key, fb))
 				}
 			case 3, 4:
 				n := float64(r.IntN(3) + 1)
 				w := []time.Duration{0, time.Second, bucket.Unlimited}[r.IntN(3)]
+				if v.deep {
+					n, w = float64(r.IntN(10)+1), bucket.Unlimited
+				}
 				op = fmt.Sprintf("reserve %v, max wait %v", n, w)
 				for i, b := range bs {
-					res, err := b.Reserve(ctx, key, bucket.Cost{bucket.Requests: n, bucket.Tokens: n * 37}, w)
+					rv, err := b.Reserve(ctx, key, bucket.Cost{bucket.Requests: n, bucket.Tokens: n * 37}, w)
 					require.NoError(t, err)
-					got[i] = fmt.Sprintf("%v %.3f %.3f", res.OK, res.Delay.Seconds(), res.RetryAfter.Seconds())
+					res[i] = fmt.Sprintf("%v %.3f %.3f", rv.OK, rv.Delay.Seconds(), rv.RetryAfter.Seconds())
+					got[i] = res[i]
 				}
 			case 5:
 				n := float64(r.IntN(5) - 2)
-				op = fmt.Sprintf("settle %v", n)
-				for _, b := range bs {
-					require.NoError(t, b.(bucket.Settler).Settle(ctx, key, bucket.Cost{bucket.Requests: n, bucket.Tokens: n * 53}))
+				if n == 0 && v.policy.ColdStart {
+					n = 1 // a zero delta makes a Local key (cold: empty) that the scripts do not: a known disagreement (docs/reference.md)
 				}
-			case 6:
+				c := bucket.Cost{bucket.Requests: n, bucket.Tokens: n * 53}
+				if v.adjust {
+					op = fmt.Sprintf("adjust %v", n)
+					for _, b := range bs {
+						require.NoError(t, b.Adjust(ctx, key, c))
+					}
+				} else {
+					op = fmt.Sprintf("settle %v", n)
+					for _, b := range bs {
+						require.NoError(t, b.(bucket.Settler).Settle(ctx, key, c))
+					}
+				}
+			case 6, 7:
 				d := time.Duration(r.IntN(3000)) * time.Millisecond
 				if r.IntN(6) == 0 {
 					d = time.Duration(r.IntN(70)) * time.Second
@@ -116,18 +166,41 @@ func agree(t *testing.T, decreases bool, sequences int) {
 					be.advance(d)
 				}
 			}
-			log = append(log, fmt.Sprintf("%s: %s | %s", op, got[0], got[1]))
-			if !sameReservation(got[0], got[1]) {
-				t.Fatalf("sequence %d, step %d: Local and the scripts disagree:\n  %s", seq, step, strings.Join(log, "\n  "))
+			if op != "" && !strings.HasPrefix(op, "advance") && !strings.HasSuffix(op, " 0") {
+				touched = true
 			}
-		}
-		// The window's reading (not its reservations) differs during a
-		// pause: Local reads it refilled to the pause's end, the scripts
-		// to now; it is left out.
-		local, lua := bes[0].tokens(t, key), bes[1].tokens(t, key)
-		for name, v := range local {
-			if name != "requests/1m0s" && math.Abs(v-lua[name]) > 0.5 {
-				t.Fatalf("sequence %d: tokens %v (Local) against %v (scripts):\n  %s", seq, local, lua, strings.Join(log, "\n  "))
+			if (v.tokens || v.endOnly && step == 39) && (touched || !v.policy.ColdStart) {
+				local, lua := bes[0].tokens(t, key), bes[1].tokens(t, key)
+				got[0] += fmt.Sprintf(" tokens %.3f/%.3f", local[bucket.Requests], local[bucket.Tokens])
+				got[1] += fmt.Sprintf(" tokens %.3f/%.3f", lua[bucket.Requests], lua[bucket.Tokens])
+				for _, name := range []string{bucket.Requests, bucket.Tokens} {
+					if math.Abs(local[name]-lua[name]) > 0.01 {
+						if v.policy.ColdStart && lua[name] < local[name] && (name == bucket.Requests && local[name] == 10 || name == bucket.Tokens && local[name] == 1000) {
+							// a hash that expired full starts cold again (documented); Local keeps it
+							skip = true
+							break
+						}
+						log = append(log, fmt.Sprintf("%s: %s | %s", op, got[0], got[1]))
+						t.Fatalf("sequence %d, step %d: tokens disagree:\n  %s", seq, step, strings.Join(log, "\n  "))
+					}
+				}
+			}
+			if v.rates && (touched || !v.policy.ColdStart) {
+				local := bs[0].(*bucket.Local).Rate(key)
+				lua, err := bucket.RedisRates(ctx, bs[1], key)
+				require.NoError(t, err)
+				got[0] += fmt.Sprintf(" rate %.4f/%.4f", local[bucket.Requests], local[bucket.Tokens])
+				got[1] += fmt.Sprintf(" rate %.4f/%.4f", lua[bucket.Requests], lua[bucket.Tokens])
+				for _, name := range []string{bucket.Requests, bucket.Tokens} {
+					if math.Abs(local[name]-lua[name]) > 1e-3*max(1, local[name]) {
+						log = append(log, fmt.Sprintf("%s: %s | %s", op, got[0], got[1]))
+						t.Fatalf("sequence %d, step %d: rates disagree:\n  %s", seq, step, strings.Join(log, "\n  "))
+					}
+				}
+			}
+			log = append(log, fmt.Sprintf("%s: %s | %s", op, got[0], got[1]))
+			if !sameReservation(res[0], res[1]) {
+				t.Fatalf("sequence %d, step %d: Local and the scripts disagree:\n  %s", seq, step, strings.Join(log, "\n  "))
 			}
 		}
 	}
