@@ -10,6 +10,28 @@ import (
 	"github.com/sluicehq/sluice/adaptive"
 )
 
+// TestQueueEndCountsProviderBucket: queueEnd says when the last
+// slot reserved on a key comes due (a fail-open share after another starts
+// each key there, share.go). With the provider's bucket no longer capping
+// the key's own rate, the own bucket's debt is repaid at the configured
+// rate and queueEnd ends 81 s before the last slot.
+func TestQueueEndCountsProviderBucket(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	clk := frozenClock(now)
+	l := NewLocal(PerSecond(10), WithClock(clk))
+	require.NoError(t, l.Observe(t.Context(), "k", adaptive.Feedback{Quotas: map[string]adaptive.Quota{
+		Requests: {Limit: 60, Remaining: 10, Window: time.Minute}}}))
+	var last time.Duration
+	for range 100 {
+		r, err := l.Reserve(t.Context(), "k", N(1), Unlimited)
+		require.NoError(t, err)
+		last = r.Delay
+	}
+	require.InDelta(t, 90*time.Second, last, float64(time.Millisecond))
+	assert.False(t, l.queueEnd("k").Before(now.Add(last)), "queueEnd %v, last slot %v",
+		l.queueEnd("k").Sub(now), last)
+}
+
 // TestReseededBucketHoldsSlot: a waiter's slot (5 s) rests on the
 // provider's bucket (60 a minute, none left). A report that drops that
 // bucket keeps the slot (8e85a10: its debt is in ours). A report that
@@ -19,7 +41,7 @@ import (
 // folded into ours, is owed once in ours and spent at once.
 func TestReseededBucketHoldsSlot(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	clk := &review3Clock{t: now}
+	clk := frozenClock(now)
 	l := NewLocal(PerSecond(10), WithClock(clk))
 	ctx := t.Context()
 	obs := func(q adaptive.Quota) {
