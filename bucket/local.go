@@ -585,13 +585,16 @@ func (l *Local) decreasedFraction(k *localKey, now time.Time) float64 {
 
 // rate is dimension i's refill rate for k at fraction f (which does not
 // scale a window): the configured one, lowered to a reported one unless the
-// report gave the provider's bucket, a constraint of its own.
+// report gave a provider's bucket larger than ours: a constraint of its own,
+// whose stored tokens a rate lowered to its refill would waste. One no
+// larger than ours loses nothing so, and our bucket paced so does not send
+// its refill on top of what it holds after a pause.
 func (l *Local) rate(k *localKey, i int, f float64) float64 {
 	if l.dims[i].window() {
 		return l.dims[i].limit.Rate
 	}
 	r := l.dims[i].limit.Rate
-	if k.rate != nil && k.rate[i] > 0 && math.IsNaN(k.provider[i]) {
+	if k.rate != nil && k.rate[i] > 0 && (math.IsNaN(k.provider[i]) || k.burst[i] <= l.dims[i].limit.Burst) {
 		r = min(r, k.rate[i])
 	}
 	return r * f
@@ -604,7 +607,7 @@ func (l *Local) burst(k *localKey, i int, f float64) float64 {
 		return l.dims[i].limit.Burst
 	}
 	b := l.dims[i].limit.Burst
-	if k.burst != nil && k.burst[i] > 0 && math.IsNaN(k.provider[i]) {
+	if k.burst != nil && k.burst[i] > 0 {
 		b = min(b, k.burst[i])
 	}
 	return b * f

@@ -157,10 +157,10 @@ local function refill(key, rate, burst, f, first)
   if learnt then
     if s[7] and s[4] and s[5] then
       pr, pb = tonumber(s[4]) / 1e6, tonumber(s[5]) / 1e6
-    else
-      if s[4] then rate = math.min(rate, tonumber(s[4]) / 1e6) end
-      if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
     end
+    -- a provider's bucket larger than ours is no cap on our rate (see Local.rate)
+    if s[4] and not (pb and pb > burst) then rate = math.min(rate, tonumber(s[4]) / 1e6) end
+    if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
   end
   rate, burst = rate * f, burst * f
   if s[7] and s[6] and s[1] and s[4] and s[5] and not learnt then
@@ -535,7 +535,10 @@ for i = 1, #KEYS - 1 do
     rx = now + valid
     redis.call('HSET', key, 'r', math.floor(rrate * 1e6 + 0.5), 'b', math.floor(rburst * 1e6 + 0.5), 'rx', rx)
     pr, pb = rrate, rburst
-    rate, burst = crate * f, cburst * f -- the provider's bucket is no cap on ours
+    rate, burst = crate * f, math.min(cburst, rburst) * f
+    if rburst <= cburst then
+      rate = math.min(crate, rrate) * f -- a provider's bucket no larger than ours caps our rate (see Local.rate)
+    end
   elseif pt and rem >= 0 then
     -- a report of the provider's bucket that gives no rate (it is full):
     -- the rate it last gave stands
