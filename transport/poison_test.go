@@ -22,9 +22,10 @@ import (
 )
 
 // TestOnePoisonedResponse: a fleet of three members (each its own client,
-// bucket and Transport) on one Redis key; one response lies, once. Every
-// later call completes within twice its normal latency, and no key's TTL
-// passes the horizon. Before, usage 1e15 stalled the key for 154 years and
+// bucket and Transport) on one Redis key; one response lies, once. Nine in
+// ten later calls complete within twice the normal latency (a loaded
+// machine's scheduler can stall one), none a second later than normal,
+// and no key's TTL passes the horizon. Before, usage 1e15 stalled the key for 154 years and
 // quota headers reporting 1e-6/s for 11 days.
 func TestOnePoisonedResponse(t *testing.T) {
 	const latency = 150 * time.Millisecond // twice it leaves room for a loaded machine's stalls
@@ -111,9 +112,15 @@ func TestOnePoisonedResponse(t *testing.T) {
 			call(clients[0], true)
 			require.True(t, poisoned.Load())
 			after := run(48)
-			t.Logf("normal: median %v, slowest %v; after the poison: median %v, slowest %v",
-				median, normal[len(normal)-1], after[len(after)/2], after[len(after)-1])
-			assert.LessOrEqual(t, after[len(after)-1], 2*median, "every later call within twice the normal latency")
+			p90 := after[len(after)*9/10]
+			t.Logf("normal: median %v, slowest %v; after the poison: median %v, 90th percentile %v, slowest %v",
+				median, normal[len(normal)-1], after[len(after)/2], p90, after[len(after)-1])
+			// A poison that held the key would hold every call that came
+			// while it lasted: at least the 6 under way, an eighth of them.
+			// One call the scheduler of a loaded machine stalls is not one
+			// (seen in CI at load 10: 596 ms, with the 90th at 1.1 times).
+			assert.LessOrEqual(t, p90, 2*median, "the later calls within twice the normal latency")
+			assert.LessOrEqual(t, after[len(after)-1], median+time.Second, "and none held")
 
 			rdb := redistest.Client(t)
 			names, err := rdb.Keys(t.Context(), prefix+":*").Result()
