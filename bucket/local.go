@@ -686,26 +686,24 @@ func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
 		}
 		l.hotKey, l.hot = key, k
 	}
+	l.refill(k, now)
+	return k
+}
+
+// refill refills k up to now: until a report's end at the rate and burst
+// it gave (see fold), at l.rate and l.burst since. l.mu must be held.
+func (l *Local) refill(k *localKey, now time.Time) {
 	if k.rate != nil {
 		for i, u := range k.reported {
 			if !now.Before(u) { // the report has run its time
-				pt, pr, pb, had := k.prov(i)
-				k.rate[i], k.burst[i], k.provider[i] = 0, 0, math.NaN()
-				if had {
-					// What the provider's bucket was owed at its end stays
-					// owed, in ours, repaid from then at our rate; a new
-					// life, since no waiter's place there holds any more.
-					d := max(u.Sub(k.last).Seconds(), 0)
-					k.tokens[i] = min(k.tokens[i], min(pt+d*pr, pb)-d*l.rate(k, i, l.fraction(k, now)))
-					k.life++
-				}
+				l.fold(k, i, u, now)
 			}
 		}
 	}
 	elapsed := now.Sub(k.last).Seconds()
 	switch {
 	case elapsed <= 0:
-		return k
+		return
 	case k.rate == nil && k.decreased.IsZero():
 		// What most keys are: every rate and burst is its limit's
 		// (l.rate and l.burst at fraction 1, with no report), and
@@ -724,7 +722,28 @@ func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
 		}
 	}
 	k.last = now
-	return k
+}
+
+// fold ends dimension i's report, whose time ran out at u (by now), in
+// k's tokens: they refilled at the rate and burst it gave until u, and
+// hold no more then than its provider's bucket, if any (what that was
+// owed at its end stays owed, in ours; a new life, since no waiter's place
+// there holds any more). From u they refill at ours: refill adds that
+// from k.last, so what it would add up to u is taken off here. Once: the
+// report's rate and burst go. l.mu must be held.
+func (l *Local) fold(k *localKey, i int, u, now time.Time) {
+	if k.rate[i] == 0 && k.burst[i] == 0 {
+		return // none, or folded
+	}
+	f := l.fraction(k, now)
+	d := max(u.Sub(k.last).Seconds(), 0)
+	tu := min(k.tokens[i]+d*l.rate(k, i, f), l.burst(k, i, f))
+	if pt, pr, pb, had := k.prov(i); had {
+		tu = min(tu, pt+d*pr, pb)
+		k.life++
+	}
+	k.rate[i], k.burst[i], k.provider[i] = 0, 0, math.NaN()
+	k.tokens[i] = tu - d*l.rate(k, i, f)
 }
 
 // add makes and keeps key's state as of now: full; or under a ColdStart policy
