@@ -82,6 +82,61 @@ func TestExpiredCapOutlivesItsRefill(t *testing.T) {
 	}
 }
 
+// TestReadsDuringCapChangeNothing: capQueue's key, read at 1 s, 5 s and
+// 9.5 s, still under the cap; at 12 s a call waits 2.1 s as it does with
+// no read (TestExpiredCapRefillsAtCapUntilItsEnd). A Local read wrote
+// the key refilled to then, at the cap, and the end of the cap found
+// Local and the scripts apart: Local's key refilled from the read at 10/s
+// (a call at 12 s went at once), the scripts' key from its last write.
+func TestReadsDuringCapChangeNothing(t *testing.T) {
+	got := map[string]time.Duration{}
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			key := "cap-reads-" + be.name
+			b := be.new(t, bucket.PerSecond(10))
+			capQueue(t, b, key)
+			var moved time.Duration
+			for _, at := range []time.Duration{time.Second, 5 * time.Second, 9500 * time.Millisecond} {
+				be.advance(at - moved)
+				moved = at
+				assert.InDelta(t, -90+5*at.Seconds(), be.tokens(t, key)[bucket.Requests], 1e-3)
+				if l, ok := b.(*bucket.Local); ok {
+					assert.Equal(t, 5.0, l.Rate(key)[bucket.Requests])
+				}
+			}
+			be.advance(12*time.Second - moved)
+			r, err := b.Reserve(t.Context(), key, bucket.N(1), bucket.Unlimited)
+			require.NoError(t, err)
+			got[be.name] = r.Delay
+			assert.InDelta(t, 2100*time.Millisecond, r.Delay, float64(time.Millisecond))
+		})
+	}
+	assert.InDelta(t, got["local"], got["redis"], float64(time.Millisecond))
+}
+
+// TestColdReadMakesNoKey: on a cold start a key that no call has charged
+// is empty; a read of it (Tokens) makes none on Redis, and a call of 10
+// half a second later makes it with the 10 it takes (adaptive.Policy's
+// ColdStart) and goes at once. A Local read made the key, empty from
+// then: the call found 5 and was refused.
+func TestColdReadMakesNoKey(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			key := "cold-read-" + be.name
+			b := be.new(t, bucket.PerSecond(10), bucket.WithPolicy(adaptive.Policy{ColdStart: true}))
+			assert.Equal(t, 0.0, be.tokens(t, key)[bucket.Requests])
+			if l, ok := b.(*bucket.Local); ok {
+				assert.Equal(t, 10.0, l.Rate(key)[bucket.Requests])
+				assert.Zero(t, l.Len(), "a read makes no key")
+			}
+			be.advance(500 * time.Millisecond)
+			r, err := b.Reserve(t.Context(), key, bucket.N(10), 0)
+			require.NoError(t, err)
+			assert.True(t, r.OK, "refused: retry after %v", r.RetryAfter)
+		})
+	}
+}
+
 // TestExpiredProviderBucketCapsUntilItsEnd: a provider's bucket no larger
 // than ours (60 a minute, all left, under 10/s and 100) caps our rate at
 // its 1/s too. 60 calls empty both at once; a 429 pauses the key 10 s,

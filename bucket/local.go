@@ -287,7 +287,7 @@ func (l *Local) earliest(_ context.Context, key string, cost Cost) (queue, error
 	a := l.amounts(cost, buf[:])
 	now := l.clock.Now()
 	l.mu.Lock()
-	k := l.advance(key, now, nil)
+	k := l.peek(key, now)
 	cs := l.constraints(k, a, l.fraction(k, now), now)
 	l.mu.Unlock()
 	q := queue{end: time.Now(), cons: cs}
@@ -553,12 +553,13 @@ func (l *Local) reports(fb adaptive.Feedback) (reports []report, rated bool) {
 // Rate returns the rate, per second, key refills at now in each dimension:
 // the configured limit's times the fraction the adaptive law has it at, or
 // the provider's if it reported a lower one (its bucket's refill, where it
-// reported the bucket: what remains there goes at ours).
+// reported the bucket: what remains there goes at ours). It changes
+// nothing (see Tokens).
 func (l *Local) Rate(key string) Cost {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := l.advance(key, now, nil)
+	k := l.peek(key, now)
 	f := l.fraction(k, now)
 	c := make(Cost, len(l.dims))
 	for i, d := range l.dims {
@@ -649,7 +650,7 @@ func (l *Local) windowTokens(key string) (Cost, bool) {
 	if _, ok := l.keys[key]; !ok {
 		return nil, false
 	}
-	k := l.advance(key, now, nil)
+	k := l.peek(key, now)
 	c := make(Cost)
 	for i, d := range l.dims {
 		if d.window() {
@@ -659,12 +660,13 @@ func (l *Local) windowTokens(key string) (Cost, bool) {
 	return c, true
 }
 
-// Tokens returns what Redis.Tokens does, from this process's memory.
+// Tokens returns what Redis.Tokens does, from this process's memory. Like
+// every read, it changes nothing (it makes no key).
 func (l *Local) Tokens(key string) Cost {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := l.advance(key, now, nil)
+	k := l.peek(key, now)
 	c := make(Cost, len(l.dims))
 	for i, d := range l.dims {
 		c[d.name] = k.tokens[i]
@@ -688,6 +690,29 @@ func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
 	}
 	l.refill(k, now)
 	return k
+}
+
+// peek returns key's state refilled up to now as advance does, changing
+// nothing: a copy, or a new key's state if l has none. A read so writes
+// nothing, as on Redis: a key refilled by a read at a fraction or a cap
+// that later changes would hold what the scripts' key does not, and a new
+// key would start (empty, on a cold start) before the call that makes it
+// on Redis. l.mu must be held.
+func (l *Local) peek(key string, now time.Time) *localKey {
+	k := l.hot
+	if k == nil || key != l.hotKey {
+		var ok bool
+		if k, ok = l.keys[key]; !ok {
+			k = l.fresh(key, now, nil)
+			l.refill(k, now)
+			return k
+		}
+	}
+	c := *k
+	// What refill writes: the rest is read only.
+	c.tokens, c.rate, c.burst, c.provider = slices.Clone(k.tokens), slices.Clone(k.rate), slices.Clone(k.burst), slices.Clone(k.provider)
+	l.refill(&c, now)
+	return &c
 }
 
 // refill refills k up to now: until a report's end at the rate and burst
@@ -751,6 +776,14 @@ func (l *Local) fold(k *localKey, i int, u, now time.Time) {
 // creates it (nil if none does). l.mu must be held.
 func (l *Local) add(key string, now time.Time, first []float64) *localKey {
 	l.sweep(now)
+	k := l.fresh(key, now, first)
+	l.keys[key] = k
+	return k
+}
+
+// fresh returns a new state of key as of now (see add), not kept. l.mu
+// must be held.
+func (l *Local) fresh(key string, now time.Time, first []float64) *localKey {
 	k := &localKey{tokens: make([]float64, len(l.dims)), last: now, life: lives.Add(1)}
 	if l.start != nil {
 		if t := l.start(key); t.After(now) {
@@ -780,7 +813,6 @@ func (l *Local) add(key string, now time.Time, first []float64) *localKey {
 			k.tokens[i] = d.limit.Burst
 		}
 	}
-	l.keys[key] = k
 	return k
 }
 
