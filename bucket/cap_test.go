@@ -137,6 +137,39 @@ func TestColdReadMakesNoKey(t *testing.T) {
 	}
 }
 
+// TestColdZeroAdjustMakesNoKey: on a cold start a zero Adjust (or
+// Settle) of a key no call has charged makes none (the scripts run
+// nothing for it), and a call of 10 half a second later goes at once.
+// Local made the key, empty from then: the call found 5 and was refused.
+func TestColdZeroAdjustMakesNoKey(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := t.Context()
+			b := be.new(t, bucket.PerSecond(10), bucket.WithPolicy(adaptive.Policy{ColdStart: true}),
+				bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 100, Burst: 1000}))
+			for i, adjust := range []func(key string, c bucket.Cost) error{
+				func(key string, c bucket.Cost) error { return b.Adjust(ctx, key, c) },
+				func(key string, c bucket.Cost) error { return b.(bucket.Settler).Settle(ctx, key, c) },
+			} {
+				key := []string{"cold-adjust-", "cold-settle-"}[i] + be.name
+				l, local := b.(*bucket.Local)
+				var n int
+				if local {
+					n = l.Len()
+				}
+				require.NoError(t, adjust(key, bucket.Cost{bucket.Requests: 0, bucket.Tokens: 0}))
+				if local {
+					assert.Equal(t, n, l.Len(), "a zero delta makes no key")
+				}
+				be.advance(500 * time.Millisecond)
+				r, err := b.Reserve(ctx, key, bucket.Cost{bucket.Requests: 10, bucket.Tokens: 1000}, 0)
+				require.NoError(t, err)
+				assert.True(t, r.OK, "refused: retry after %v", r.RetryAfter)
+			}
+		})
+	}
+}
+
 // TestExpiredProviderBucketCapsUntilItsEnd: a provider's bucket no larger
 // than ours (60 a minute, all left, under 10/s and 100) caps our rate at
 // its 1/s too. 60 calls empty both at once; a 429 pauses the key 10 s,

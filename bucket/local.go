@@ -325,6 +325,9 @@ func (l *Local) adjust(key string, delta Cost, served bool) error {
 	defer l.waiting.fire(key, delta) // after the refund, once l.mu is released
 	var buf [inlineDims]float64
 	a := l.amounts(delta, buf[:])
+	if !slices.ContainsFunc(a, nonZero) {
+		return nil // as on Redis, which runs nothing for it: no key is made or written
+	}
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -352,6 +355,9 @@ func (l *Local) adjust(key string, delta Cost, served bool) error {
 	}
 	return nil
 }
+
+// nonZero reports whether an amount charges or refunds anything.
+func nonZero(v float64) bool { return v != 0 }
 
 // Observe implements Bucket: see the Bucket interface and adaptive.Policy.
 func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) error {
