@@ -287,7 +287,7 @@ func (l *Local) earliest(_ context.Context, key string, cost Cost) (queue, error
 	a := l.amounts(cost, buf[:])
 	now := l.clock.Now()
 	l.mu.Lock()
-	k := l.advance(key, now, nil)
+	k := l.peek(key, now)
 	cs := l.constraints(k, a, l.fraction(k, now), now)
 	l.mu.Unlock()
 	q := queue{end: time.Now(), cons: cs}
@@ -325,6 +325,9 @@ func (l *Local) adjust(key string, delta Cost, served bool) error {
 	defer l.waiting.fire(key, delta) // after the refund, once l.mu is released
 	var buf [inlineDims]float64
 	a := l.amounts(delta, buf[:])
+	if !slices.ContainsFunc(a, nonZero) {
+		return nil // as on Redis, which runs nothing for it: no key is made or written
+	}
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -352,6 +355,9 @@ func (l *Local) adjust(key string, delta Cost, served bool) error {
 	}
 	return nil
 }
+
+// nonZero reports whether an amount charges or refunds anything.
+func nonZero(v float64) bool { return v != 0 }
 
 // Observe implements Bucket: see the Bucket interface and adaptive.Policy.
 func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) error {
@@ -553,12 +559,13 @@ func (l *Local) reports(fb adaptive.Feedback) (reports []report, rated bool) {
 // Rate returns the rate, per second, key refills at now in each dimension:
 // the configured limit's times the fraction the adaptive law has it at, or
 // the provider's if it reported a lower one (its bucket's refill, where it
-// reported the bucket: what remains there goes at ours).
+// reported the bucket: what remains there goes at ours). It changes
+// nothing (see Tokens).
 func (l *Local) Rate(key string) Cost {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := l.advance(key, now, nil)
+	k := l.peek(key, now)
 	f := l.fraction(k, now)
 	c := make(Cost, len(l.dims))
 	for i, d := range l.dims {
@@ -649,7 +656,7 @@ func (l *Local) windowTokens(key string) (Cost, bool) {
 	if _, ok := l.keys[key]; !ok {
 		return nil, false
 	}
-	k := l.advance(key, now, nil)
+	k := l.peek(key, now)
 	c := make(Cost)
 	for i, d := range l.dims {
 		if d.window() {
@@ -659,12 +666,13 @@ func (l *Local) windowTokens(key string) (Cost, bool) {
 	return c, true
 }
 
-// Tokens returns what Redis.Tokens does, from this process's memory.
+// Tokens returns what Redis.Tokens does, from this process's memory. Like
+// every read, it changes nothing (it makes no key).
 func (l *Local) Tokens(key string) Cost {
 	now := l.clock.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	k := l.advance(key, now, nil)
+	k := l.peek(key, now)
 	c := make(Cost, len(l.dims))
 	for i, d := range l.dims {
 		c[d.name] = k.tokens[i]
@@ -686,26 +694,47 @@ func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
 		}
 		l.hotKey, l.hot = key, k
 	}
+	l.refill(k, now)
+	return k
+}
+
+// peek returns key's state refilled up to now as advance does, changing
+// nothing: a copy, or a new key's state if l has none. A read so writes
+// nothing, as on Redis: a key refilled by a read at a fraction or a cap
+// that later changes would hold what the scripts' key does not, and a new
+// key would start (empty, on a cold start) before the call that makes it
+// on Redis. l.mu must be held.
+func (l *Local) peek(key string, now time.Time) *localKey {
+	k := l.hot
+	if k == nil || key != l.hotKey {
+		var ok bool
+		if k, ok = l.keys[key]; !ok {
+			k = l.fresh(key, now, nil)
+			l.refill(k, now)
+			return k
+		}
+	}
+	c := *k
+	// What refill writes: the rest is read only.
+	c.tokens, c.rate, c.burst, c.provider = slices.Clone(k.tokens), slices.Clone(k.rate), slices.Clone(k.burst), slices.Clone(k.provider)
+	l.refill(&c, now)
+	return &c
+}
+
+// refill refills k up to now: until a report's end at the rate and burst
+// it gave (see fold), at l.rate and l.burst since. l.mu must be held.
+func (l *Local) refill(k *localKey, now time.Time) {
 	if k.rate != nil {
 		for i, u := range k.reported {
 			if !now.Before(u) { // the report has run its time
-				pt, pr, pb, had := k.prov(i)
-				k.rate[i], k.burst[i], k.provider[i] = 0, 0, math.NaN()
-				if had {
-					// What the provider's bucket was owed at its end stays
-					// owed, in ours, repaid from then at our rate; a new
-					// life, since no waiter's place there holds any more.
-					d := max(u.Sub(k.last).Seconds(), 0)
-					k.tokens[i] = min(k.tokens[i], min(pt+d*pr, pb)-d*l.rate(k, i, l.fraction(k, now)))
-					k.life++
-				}
+				l.fold(k, i, u, now)
 			}
 		}
 	}
 	elapsed := now.Sub(k.last).Seconds()
 	switch {
 	case elapsed <= 0:
-		return k
+		return
 	case k.rate == nil && k.decreased.IsZero():
 		// What most keys are: every rate and burst is its limit's
 		// (l.rate and l.burst at fraction 1, with no report), and
@@ -724,7 +753,28 @@ func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
 		}
 	}
 	k.last = now
-	return k
+}
+
+// fold ends dimension i's report, whose time ran out at u (by now), in
+// k's tokens: they refilled at the rate and burst it gave until u, and
+// hold no more then than its provider's bucket, if any (what that was
+// owed at its end stays owed, in ours; a new life, since no waiter's place
+// there holds any more). From u they refill at ours: refill adds that
+// from k.last, so what it would add up to u is taken off here. Once: the
+// report's rate and burst go. l.mu must be held.
+func (l *Local) fold(k *localKey, i int, u, now time.Time) {
+	if k.rate[i] == 0 && k.burst[i] == 0 {
+		return // none, or folded
+	}
+	f := l.fraction(k, now)
+	d := max(u.Sub(k.last).Seconds(), 0)
+	tu := min(k.tokens[i]+d*l.rate(k, i, f), l.burst(k, i, f))
+	if pt, pr, pb, had := k.prov(i); had {
+		tu = min(tu, pt+d*pr, pb)
+		k.life++
+	}
+	k.rate[i], k.burst[i], k.provider[i] = 0, 0, math.NaN()
+	k.tokens[i] = tu - d*l.rate(k, i, f)
 }
 
 // add makes and keeps key's state as of now: full; or under a ColdStart policy
@@ -732,6 +782,14 @@ func (l *Local) advance(key string, now time.Time, first []float64) *localKey {
 // creates it (nil if none does). l.mu must be held.
 func (l *Local) add(key string, now time.Time, first []float64) *localKey {
 	l.sweep(now)
+	k := l.fresh(key, now, first)
+	l.keys[key] = k
+	return k
+}
+
+// fresh returns a new state of key as of now (see add), not kept. l.mu
+// must be held.
+func (l *Local) fresh(key string, now time.Time, first []float64) *localKey {
 	k := &localKey{tokens: make([]float64, len(l.dims)), last: now, life: lives.Add(1)}
 	if l.start != nil {
 		if t := l.start(key); t.After(now) {
@@ -761,7 +819,6 @@ func (l *Local) add(key string, now time.Time, first []float64) *localKey {
 			k.tokens[i] = d.limit.Burst
 		}
 	}
-	l.keys[key] = k
 	return k
 }
 

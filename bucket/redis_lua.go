@@ -140,7 +140,9 @@ end
 -- times f),
 -- its tokens, the time they are as of, its expiry, whether a report counts,
 -- and the provider's bucket (its rate, burst and tokens: nil unless a
--- report that counts gave a remaining). A
+-- report that counts gave a remaining), the report's end, the pin's fields
+-- to write (see pinned), the configured rate and burst (after pinned),
+-- and those times f: the rate and burst after the report's end. A
 -- missing hash is full, or on a cold start holds only first, the amount of
 -- the reservation that creates it.
 local function refill(key, rate, burst, f, first)
@@ -163,21 +165,30 @@ local function refill(key, rate, burst, f, first)
     if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
   end
   rate, burst = rate * f, burst * f
-  if s[7] and s[6] and s[1] and s[4] and s[5] and not learnt then
-    -- The provider's bucket has run its time: what it was owed at its end
-    -- stays owed, in ours, repaid from then at our rate; a new life, since
-    -- no waiter's place there holds any more. Once: its fields go.
+  if s[6] and s[1] and (s[4] or s[5]) and not learnt then
+    -- The report has run its time (Local.fold): ours refilled at the rate
+    -- and burst it gave until its end, and holds no more than its
+    -- provider's bucket, if any, held then (what that was owed at its end
+    -- stays owed, in ours; a new life, since no waiter's place there holds
+    -- any more); from then ours refills at our rate, from ts below, so
+    -- less what that adds up to the end. Once: its fields go.
     local d = math.max(0, tonumber(s[6]) - tonumber(s[2]))
-    local pu = math.min(tonumber(s[5]), tonumber(s[7]) + d * tonumber(s[4]) / 1e6)
-    s[1], s[7] = math.min(tonumber(s[1]), math.floor(pu - d * rate + 0.5)), nil
+    local rr, rb = crate, cburst
+    if s[4] and not (s[7] and s[5] and tonumber(s[5]) / 1e6 > cburst) then rr = math.min(rr, tonumber(s[4]) / 1e6) end
+    if s[5] then rb = math.min(rb, tonumber(s[5]) / 1e6) end
+    local tu = math.min(rb * f * 1e6, tonumber(s[1]) + d * rr * f)
+    if s[7] and s[4] and s[5] then
+      tu = math.min(tu, tonumber(s[5]), tonumber(s[7]) + d * tonumber(s[4]) / 1e6)
+      redis.call('HINCRBY', key, 'i', 1)
+    end
+    s[1], s[7] = math.floor(tu - d * rate + 0.5), nil
     redis.call('HSET', key, 't', s[1])
     redis.call('HDEL', key, 'p', 'r', 'b')
-    redis.call('HINCRBY', key, 'i', 1)
   end
   if not s[1] then
     local tk = burst
     if cold and not exact then tk = math.min(burst, first) end
-    return rate, burst, tk, now, 0, false, nil, nil, nil, nil, pin, crate, cburst
+    return rate, burst, tk, now, 0, false, nil, nil, nil, nil, pin, crate, cburst, crate * f, cburst * f
   end
   local rx
   if learnt then rx = tonumber(s[6]) end
@@ -191,14 +202,15 @@ local function refill(key, rate, burst, f, first)
   if pr then
     pt = math.min(pb, (tonumber(s[7]) + el * pr) / 1e6)
   end
-  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt, rx, pin, crate, cburst
+  return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt, rx, pin, crate, cburst, crate * f, cburst * f
 end
 
 -- store writes tk, and the provider's pt if any, as of at, and pin (see
 -- pinned), extending the expiry if needed: past the time ours is full
 -- again, the provider's bucket (at pr up to pb) too, the report (until
--- rx), and the pin.
-local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
+-- rx), ours again after the report's end, refilled from what it holds
+-- then (see the fold in refill) at arate up to aburst, and the pin.
+local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, arate, aburst)
   local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
   local pinx = 0
   if pin then
@@ -210,7 +222,17 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
     full = math.max(full, at + math.ceil((pb - pt) * 1e6 / pr) + 1e6)
   end
   if rx then
-    full = math.max(full, rx)
+    -- From rx ours refills at arate up to aburst, from what it holds then
+    -- (the fold in refill): the hash outlives that too, or it would come
+    -- back full before. As bounded as the rest: aburst / arate is a
+    -- configured limit's refill time (Limit.Validate), and arate is at
+    -- least rate.
+    local d = math.max(0, rx - at) / 1e6
+    local u = math.min(burst, tk + d * rate)
+    if pt then
+      u = math.min(u, pb, pt + d * pr)
+    end
+    full = math.max(full, rx, math.max(rx, at) + math.ceil((aburst - u) * 1e6 / arate) + 1e6)
   end
   if full > x or pinx > x then
     if x == 0 then
@@ -326,14 +348,14 @@ local function reserve(wmax, o, step)
     local amount = tonumber(ARGV[o + step*i])
     if amount ~= 0 then
       local key = KEYS[i+1]
-      local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
+      local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin, _, _, arate, aburst = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
       tk = tk - amount
       local w = at - now + deficit(tk, rate)
       if pt then
         pt = pt - amount
         w = math.max(w, at - now + deficit(pt, pr))
       end
-      st[#st+1] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, key}
+      st[#st+1] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, key, arate, aburst}
       wait = math.max(wait, w)
     end
   end
@@ -353,7 +375,7 @@ local function reserve(wmax, o, step)
     end
   else
     for _, s in ipairs(st) do
-      store(s[11], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10])
+      store(s[11], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[12], s[13])
     end
   end
   if wait >= 250000 then
@@ -394,7 +416,7 @@ local f = fraction(span, law)
 local served = ARGV[1] == '1'
 for i = 1, #KEYS - 1 do
   local key, amount = KEYS[i+1], tonumber(ARGV[3*i+3])
-  local rate, burst, tk, at, x, learnt, pr, pb, pt, rx, pin = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local rate, burst, tk, at, x, learnt, pr, pb, pt, rx, pin, _, _, arate, aburst = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   local tk0, pt0 = tk, pt
   tk = math.min(burst, tk - amount)
   if pt then
@@ -410,7 +432,7 @@ for i = 1, #KEYS - 1 do
     if pt and (served or pt < pt0) then
       credit(key, 'fp', pt - pt0)
     end
-    store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin)
+    store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, arate, aburst)
   else
     redis.call('DEL', key) -- kept while pinned: it would lose the pin
   end
@@ -420,8 +442,9 @@ return 1
 
 // queueScript returns, for each dimension key, the end of its queue as a
 // place (see place): how long from now until its debt is paid, the pause
-// and the provider's bucket apart, with their credits, changing nothing.
-// ARGV[1] and the amounts are unused.
+// and the provider's bucket apart, with their credits, changing nothing
+// but the form of the state (see tokensScript). ARGV[1] and the amounts
+// are unused.
 var queueScript = newScript(luaCommon + luaPlace + `
 local f = fraction(span, law)
 local out = {}
@@ -435,8 +458,8 @@ return out
 // tokensScript returns each dimension key's tokens now (as of the end of a
 // pause), then each one's rate, the lower of ours and the provider's
 // bucket's, as strings, changing nothing but the form of the state (refill
-// folds a provider's bucket that has run its time into ours). ARGV[1] and
-// the amounts are unused.
+// folds a report that has run its time into ours). ARGV[1] and the
+// amounts are unused.
 var tokensScript = newScript(luaCommon + `
 local f = fraction(span, law)
 local out, n = {}, #KEYS - 1
@@ -588,7 +611,7 @@ for i = 1, #KEYS - 1 do
     redis.call('HINCRBY', key, 'i', 1)
     redis.call('HSET', key, 'fp', 0)
   end
-  store(key, tk, at, x, rate * nf / f, burst * nf / f, pt, pr, pb, rx, pin)
+  store(key, tk, at, x, rate * nf / f, burst * nf / f, pt, pr, pb, rx, pin, crate * nf, cburst * nf)
 end
 -- The time paused does not count toward the threshold's window; the count,
 -- moved on, must outlive the hash no more than before.
