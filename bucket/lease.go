@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
@@ -72,27 +71,23 @@ type leaseConfig struct {
 }
 
 // leases are a Redis bucket's leases, one per key at most. They are safe
-// for concurrent use: mu guards every field and every lease, but for what
-// the hot path reads without it: keys, which only a holder of mu writes,
-// and a lease's hot.
+// for concurrent use: mu guards every field and every lease.
 type leases struct {
 	k      float64
 	ttl    time.Duration
 	mu     sync.Mutex
-	keys   sync.Map // key → *lease
+	keys   map[string]*lease
 	closed bool
 	expiry sync.WaitGroup // expire calls under way
 }
 
-// lease is what a process holds of a key: hot's calls and held, by
-// dimension (as the bucket's dims), to hand out until until; or, until
-// plain, nothing, and the key gets plain reservations. taking is non-nil
-// while a lease call is under way, and closed when it is done: one at a
-// time per key; dropped says a refusal came meanwhile (see drop), and the
-// lease it takes is dropped too. hot is non-nil only while live: whoever
-// ends a lease, or needs what hot holds, takes it with mu held (cool).
+// lease is what a process holds of a key: held, by dimension (as the
+// bucket's dims), to hand out until until; or, until plain, nothing, and
+// the key gets plain reservations. taking is non-nil while a lease call is
+// under way, and closed when it is done: one at a time per key; dropped
+// says a refusal came meanwhile (see drop), and the lease it takes is
+// dropped too.
 type lease struct {
-	hot     atomic.Pointer[grant]
 	held    []float64
 	live    bool // until has not passed: expire clears it, no clock read on the hot path
 	until   time.Time
@@ -103,68 +98,11 @@ type lease struct {
 	timer   *time.Timer
 }
 
-// grant is the part of a lease handed out without mu: left calls of unit
-// each (by dimension, as the bucket's dims), of epoch. Only left changes
-// once it is published. A call takes one by decrementing left and is
-// served if it did not go below 0; cool takes what is left by swapping in
-// 0. So every call is handed out once: the n calls of a grant are the
-// decrements that found n down to 1, and what the swap found, down to 0;
-// a decrement after the swap goes below 0 and serves nothing.
-type grant struct {
-	left  atomic.Int64
-	unit  []float64
-	epoch uint64
-}
-
 func newLeases(c leaseConfig) *leases {
 	if c.k == 0 {
 		return nil
 	}
-	return &leases{k: float64(c.k), ttl: c.ttl}
-}
-
-// get returns key's lease, or nil.
-func (ls *leases) get(key string) *lease {
-	if v, ok := ls.keys.Load(key); ok {
-		return v.(*lease)
-	}
-	return nil
-}
-
-// hot serves cost on key from its lease's grant, if it has one of cost's
-// unit with a call left, with no lock; ok false otherwise.
-func (ls *leases) hot(dims []dim, key string, cost Cost) (epoch uint64, ok bool) {
-	l := ls.get(key)
-	if l == nil {
-		return 0, false
-	}
-	g := l.hot.Load()
-	if g == nil {
-		return 0, false
-	}
-	for i := range dims {
-		if cost[dims[i].of] != g.unit[i] {
-			return 0, false
-		}
-	}
-	if g.left.Add(-1) < 0 {
-		return 0, false
-	}
-	return g.epoch, true
-}
-
-// cool moves what l's grant has left into held and unpublishes it. mu
-// must be held.
-func (l *lease) cool() {
-	g := l.hot.Swap(nil)
-	if g == nil {
-		return
-	}
-	if n := g.left.Swap(0); n > 0 {
-		for i, u := range g.unit {
-			l.held[i] += float64(n) * u
-		}
-	}
+	return &leases{k: float64(c.k), ttl: c.ttl, keys: make(map[string]*lease)}
 }
 
 // covers reports whether l holds cost in every dimension of dims.
@@ -197,7 +135,7 @@ func (l *lease) empty() bool {
 // leaseSize returns how much a lease for cost takes in each dimension of
 // dims: n calls of cost, n = k at most, and at most leaseShare of each
 // dimension's burst; nil if n < 2 or cost charges nothing.
-func leaseSize(dims []dim, k float64, cost Cost) (size []float64, calls int64) {
+func leaseSize(dims []dim, k float64, cost Cost) []float64 {
 	n := k
 	charged := false
 	for i := range dims {
@@ -207,27 +145,22 @@ func leaseSize(dims []dim, k float64, cost Cost) (size []float64, calls int64) {
 		}
 	}
 	if !charged || n < 2 {
-		return nil, 0
+		return nil
 	}
-	size = make([]float64, len(dims))
+	size := make([]float64, len(dims))
 	for i := range dims {
 		size[i] = n * cost[dims[i].of]
 	}
-	return size, int64(n)
+	return size
 }
 
 // leased serves cost on key from a lease, taking one if need be; ok false
 // if the call must be a plain reservation, which also says what went
 // wrong, if anything did (an invalid key or cost, a context done, a Redis
 // that failed). It makes at most one call to Redis, and none while the
-// lease holds cost. A call of the cost that took the lease is served
-// from its grant with no lock; the rest, and the calls that find it
-// spent, take mu.
+// lease holds cost.
 func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservation, ok bool) {
 	ls := r.leases
-	if epoch, ok := ls.hot(r.dims, key, cost); ok {
-		return Reservation{OK: true, Epoch: epoch}, true
-	}
 	if key == "" {
 		return Reservation{}, false
 	}
@@ -242,17 +175,12 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 			ls.mu.Unlock()
 			return Reservation{}, false
 		}
-		l := ls.get(key)
-		if l != nil && l.live {
-			if !l.covers(r.dims, cost) {
-				l.cool()
-			}
-			if l.covers(r.dims, cost) {
-				l.take(r.dims, cost)
-				res = Reservation{OK: true, Epoch: l.epoch}
-				ls.mu.Unlock()
-				return res, true
-			}
+		l := ls.keys[key]
+		if l != nil && l.live && l.covers(r.dims, cost) {
+			l.take(r.dims, cost)
+			res = Reservation{OK: true, Epoch: l.epoch}
+			ls.mu.Unlock()
+			return res, true
 		}
 		if l != nil && l.taking != nil {
 			ch := l.taking
@@ -266,9 +194,6 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 					return Reservation{}, false
 				}
 			}
-			if epoch, ok := ls.hot(r.dims, key, cost); ok {
-				return Reservation{OK: true, Epoch: epoch}, true
-			}
 			continue
 		}
 		now := time.Now()
@@ -276,17 +201,16 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 			ls.mu.Unlock()
 			return Reservation{}, false
 		}
-		size, n := leaseSize(r.dims, ls.k, cost)
+		size := leaseSize(r.dims, ls.k, cost)
 		if size == nil {
 			ls.mu.Unlock()
 			return Reservation{}, false
 		}
 		if l == nil {
 			l = &lease{held: make([]float64, len(r.dims))}
-			ls.keys.Store(key, l)
+			ls.keys[key] = l
 			l.timer = time.AfterFunc(ls.ttl, func() { ls.expire(r, key, l) })
 		}
-		l.cool()
 		give := l.held
 		l.held = make([]float64, len(r.dims))
 		l.live, l.until = false, time.Time{}
@@ -318,13 +242,8 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 			ls.mu.Unlock()
 			return Reservation{}, false
 		}
-		l.live, l.until, l.epoch = true, end, epoch
-		g := &grant{unit: make([]float64, len(r.dims)), epoch: epoch}
-		for i := range r.dims {
-			g.unit[i] = cost[r.dims[i].of]
-		}
-		g.left.Store(n - 1) // this call's
-		l.hot.Store(g)
+		l.held, l.live, l.until, l.epoch = size, true, end, epoch
+		l.take(r.dims, cost)
 		ls.mu.Unlock()
 		return Reservation{OK: true, Epoch: epoch}, true
 	}
@@ -334,13 +253,12 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 // and forgets it once it has no use.
 func (ls *leases) expire(r *Redis, key string, l *lease) {
 	ls.mu.Lock()
-	if ls.closed || ls.get(key) != l || l.taking != nil {
+	if ls.closed || ls.keys[key] != l || l.taking != nil {
 		ls.mu.Unlock()
 		return // Close gives it back; a lease call resets the timer
 	}
 	now := time.Now()
 	if !now.Before(l.until) {
-		l.cool()
 		l.live = false
 	}
 	if next := later(l.until, l.plain); now.Before(next) {
@@ -349,7 +267,7 @@ func (ls *leases) expire(r *Redis, key string, l *lease) {
 		return
 	}
 	give := l.held
-	ls.keys.Delete(key)
+	delete(ls.keys, key)
 	ls.expiry.Add(1)
 	ls.mu.Unlock()
 	defer ls.expiry.Done()
@@ -360,8 +278,7 @@ func (ls *leases) expire(r *Redis, key string, l *lease) {
 func (ls *leases) drop(key string) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	if l := ls.get(key); l != nil {
-		l.cool()
+	if l := ls.keys[key]; l != nil {
 		clear(l.held)
 		l.live, l.until = false, time.Time{}
 		l.plain = time.Now().Add(ls.ttl)
@@ -384,17 +301,14 @@ func (r *Redis) Close() error {
 		return nil
 	}
 	ls.closed = true
-	give := make(map[string][]float64)
-	ls.keys.Range(func(k, v any) bool {
-		l := v.(*lease)
+	give := make(map[string][]float64, len(ls.keys))
+	for key, l := range ls.keys {
 		l.timer.Stop()
-		l.cool()
 		if !l.empty() {
-			give[k.(string)] = l.held
+			give[key] = l.held
 		}
-		return true
-	})
-	ls.keys.Clear()
+	}
+	clear(ls.keys)
 	ls.mu.Unlock()
 	ls.expiry.Wait()
 	for key, g := range give {

@@ -269,12 +269,12 @@ func TestLeaseConcurrent(t *testing.T) {
 }
 
 // TestLeaseHandsOutEachTokenOnce: goroutines that share a key's leases
-// under -race, with two costs (so that calls served without the lock and
-// calls served under it meet on one lease), through some hundreds of
-// leases and a Close in their midst, are admitted exactly what Redis was
-// charged: no leased token is handed out twice, and none is lost (every
-// one not handed out goes back). The key refills 0.01 a second: what it
-// has after is Burst less what was admitted.
+// under -race, with two costs (so that a lease of one is given back in the
+// call that takes one of the other), through some hundred leases and a
+// Close in their midst, are admitted exactly what Redis was charged: no
+// leased token is handed out twice, and none is lost (every one not
+// handed out goes back). The key refills 0.01 a second: what it has after
+// is Burst less what was admitted.
 func TestLeaseHandsOutEachTokenOnce(t *testing.T) {
 	opt := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, opt) })
