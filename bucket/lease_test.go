@@ -267,3 +267,63 @@ func TestLeaseConcurrent(t *testing.T) {
 	t.Logf("admitted %d of bound %.0f (+%d)", admitted.Load(), bound, k)
 	assert.LessOrEqual(t, float64(admitted.Load()), bound+k+1)
 }
+
+// TestLeaseHandsOutEachTokenOnce: goroutines that share a key's leases
+// under -race, with two costs (so that a lease of one is given back in the
+// call that takes one of the other), through some hundred leases and a
+// Close in their midst, are admitted exactly what Redis was charged: no
+// leased token is handed out twice, and none is lost (every one not
+// handed out goes back). The key refills 0.01 a second: what it has after
+// is Burst less what was admitted.
+func TestLeaseHandsOutEachTokenOnce(t *testing.T) {
+	opt := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opt) })
+	rdb := leaseRedis(t)
+	ctx := t.Context()
+	lim := bucket.Limit{Rate: 0.01, Burst: 40_000}
+	const k, closeAt, stopAt = 100, 12_000, 14_000
+	b := bucket.NewRedis(rdb, lim, bucket.WithLeasing(k, time.Second))
+	warm(t, b)
+	calls0 := redistest.ScriptCalls(t, rdb)
+	var admitted, delayed atomic.Int64
+	var stop atomic.Bool
+	closing := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	for i := range 32 {
+		cost := bucket.N(1)
+		if i%8 == 0 {
+			cost = bucket.N(2)
+		}
+		wg.Go(func() {
+			for !stop.Load() {
+				r, err := b.Reserve(ctx, "k", cost, 0)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !r.OK {
+					continue
+				}
+				if r.Delay != 0 {
+					delayed.Add(1)
+				}
+				n := admitted.Add(int64(cost[bucket.Requests]))
+				if n >= closeAt {
+					once.Do(func() { close(closing) })
+				}
+				if n >= stopAt {
+					stop.Store(true)
+				}
+			}
+		})
+	}
+	<-closing
+	leasedCalls := redistest.ScriptCalls(t, rdb) - calls0
+	require.NoError(t, b.Close())
+	wg.Wait()
+	t.Logf("admitted %d, %d script calls for the first %d", admitted.Load(), leasedCalls, closeAt)
+	assert.Less(t, leasedCalls, int64(closeAt/10), "leases served most calls")
+	assert.Zero(t, delayed.Load())
+	assert.InDelta(t, lim.Burst-float64(admitted.Load()), leaseTokens(t, b, "k")[bucket.Requests], 0.5)
+}
