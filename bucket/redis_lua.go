@@ -378,22 +378,23 @@ local function reserve(wmax, o, step)
         pt = pt - amount
         w = math.max(w, at - now + deficit(pt, pr))
       end
-      st[#st+1] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, key, arate, aburst}
+      st[#st+1] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, key, arate, aburst, amount}
       wait = math.max(wait, w)
     end
   end
   if wait > wmax then
     wait = -wait
-    -- A process refused uses the key's limit too: its pin is written, or a
-    -- fleet that keeps the key empty at a higher limit would keep it.
+    -- Nothing is taken, but the key is written refilled up to now, as
+    -- Local's is: at the fraction now, not at a later one from an older
+    -- ts. A process refused uses the key's limit too: its pin is written,
+    -- or a fleet that keeps the key empty at a higher limit would keep it.
+    -- A hash that refill found none of is full: it makes none, but for
+    -- its pin.
     for _, s in ipairs(st) do
-      local pin = s[10]
-      if pin then
-        redis.call('HSET', s[11], unpack(pin))
-        if s[3] < pin[4] then
-          redis.call('HSET', s[11], 'x', pin[4])
-          redis.call('PEXPIREAT', s[11], math.ceil(pin[4] / 1000))
-        end
+      if s[3] > 0 or s[10] then
+        local pt = s[6]
+        if pt then pt = pt + s[14] end
+        store(s[11], s[1] + s[14], s[2], s[3], s[4], s[5], pt, s[7], s[8], s[9], s[10], s[12], s[13])
       end
     end
   else
