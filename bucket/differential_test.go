@@ -31,6 +31,7 @@ type variant struct {
 	oneDim     bool // reports of tokens only: a cap on one dimension
 	partial    bool // half the reservations charge one dimension only
 	slow       bool // limits whose burst is long against their rate (100 s), and long steps of time
+	sequences  int  // how many (0: 60, or 200 for the plainest two and the caps)
 }
 
 // TestLocalAgreesWithScripts drives Local and the Lua scripts (under the
@@ -60,24 +61,24 @@ func TestLocalAgreesWithScripts(t *testing.T) {
 		{name: "caps-reads", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, tokens: true, rates: true},
 		{name: "decreases-reads", policy: adaptive.Policy{}, tokens: true, rates: true},
 		{name: "cold-zero", policy: adaptive.Policy{Threshold: 1_000_000, ColdStart: true}, rated: true, adjust: true, zero: true, tokens: true},
-		{name: "caps-onedim", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, oneDim: true, partial: true, tokens: true, rates: true},
-		{name: "caps-onedim-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, oneDim: true, partial: true, endOnly: true},
-		{name: "caps-partial", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, partial: true, tokens: true, rates: true},
-		{name: "caps-pause", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, retryAfter: true, tokens: true, rates: true},
-		{name: "caps-pause-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, retryAfter: true, endOnly: true},
-		{name: "caps-decreases", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, tokens: true, rates: true},
-		{name: "caps-decreases-end", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, endOnly: true},
-		{name: "caps-cold", policy: adaptive.Policy{Threshold: 1_000_000, ColdStart: true}, rated: true, caps: true, tokens: true, rates: true},
-		{name: "caps-nowindow", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, noWindow: true, tokens: true, rates: true},
-		{name: "caps-decreases-partial", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, partial: true, tokens: true, rates: true},
-		{name: "caps-onedim-decreases", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, oneDim: true, partial: true, endOnly: true},
+		{name: "caps-onedim", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, oneDim: true, partial: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-onedim-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, oneDim: true, partial: true, endOnly: true, sequences: 60},
+		{name: "caps-partial", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, partial: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-pause", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, retryAfter: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-pause-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, retryAfter: true, endOnly: true, sequences: 60},
+		{name: "caps-decreases", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-decreases-end", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, endOnly: true, sequences: 60},
+		{name: "caps-cold", policy: adaptive.Policy{Threshold: 1_000_000, ColdStart: true}, rated: true, caps: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-nowindow", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, noWindow: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-decreases-partial", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, partial: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-onedim-decreases", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, oneDim: true, partial: true, endOnly: true, sequences: 60},
 		{name: "partial-decreases", policy: adaptive.Policy{}, partial: true, tokens: true, rates: true},
-		{name: "slow-caps", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, tokens: true},
-		{name: "slow-caps-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, endOnly: true},
-		{name: "slow-caps-partial-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, partial: true, oneDim: true, endOnly: true},
-		{name: "slow-caps-pause-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, retryAfter: true, endOnly: true},
-		{name: "slow-caps-decreases-end", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, slow: true, retryAfter: true, endOnly: true},
-		{name: "slow-caps-decreases-reads", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, slow: true, retryAfter: true, tokens: true, rates: true},
+		{name: "slow-caps", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, tokens: true, sequences: 60},
+		{name: "slow-caps-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, endOnly: true, sequences: 60},
+		{name: "slow-caps-partial-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, partial: true, oneDim: true, endOnly: true, sequences: 60},
+		{name: "slow-caps-pause-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, retryAfter: true, endOnly: true, sequences: 60},
+		{name: "slow-caps-decreases-end", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, slow: true, retryAfter: true, endOnly: true, sequences: 60},
+		{name: "slow-caps-decreases-reads", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, slow: true, retryAfter: true, tokens: true, rates: true, sequences: 60},
 		{name: "slow-caps-additive-reads", policy: adaptive.Policy{Threshold: 1, Recovery: adaptive.Additive}, caps: true, deep: true, slow: true, retryAfter: true, tokens: true},
 		{name: "slow-reports-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, deep: true, slow: true, retryAfter: true, endOnly: true},
 		{name: "mixed-reads", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, deep: true, retryAfter: true, adjust: true, tokens: true, rates: true},
@@ -85,6 +86,9 @@ func TestLocalAgreesWithScripts(t *testing.T) {
 		n := 60
 		if v.name == "reports" || v.name == "decreases" || v.caps {
 			n = 200
+		}
+		if v.sequences > 0 {
+			n = v.sequences
 		}
 		t.Run(v.name, func(t *testing.T) { agreeVariant(t, v, n) })
 	}
