@@ -28,6 +28,10 @@ type variant struct {
 	endOnly    bool // compare the tokens at the end only: no read between the writes
 	caps       bool // reports without a remaining only: caps on the key's own rate and burst
 	zero       bool // half the adjustments and settlements zero
+	oneDim     bool // reports of tokens only: a cap on one dimension
+	partial    bool // half the reservations charge one dimension only
+	slow       bool // limits whose burst is long against their rate (100 s), and long steps of time
+	sequences  int  // how many (0: 60, or 200 for the plainest two and the caps)
 }
 
 // TestLocalAgreesWithScripts drives Local and the Lua scripts (under the
@@ -57,10 +61,34 @@ func TestLocalAgreesWithScripts(t *testing.T) {
 		{name: "caps-reads", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, tokens: true, rates: true},
 		{name: "decreases-reads", policy: adaptive.Policy{}, tokens: true, rates: true},
 		{name: "cold-zero", policy: adaptive.Policy{Threshold: 1_000_000, ColdStart: true}, rated: true, adjust: true, zero: true, tokens: true},
+		{name: "caps-onedim", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, oneDim: true, partial: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-onedim-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, oneDim: true, partial: true, endOnly: true, sequences: 60},
+		{name: "caps-partial", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, partial: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-pause", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, retryAfter: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-pause-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, retryAfter: true, endOnly: true, sequences: 60},
+		{name: "caps-decreases", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-decreases-end", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, endOnly: true, sequences: 60},
+		{name: "caps-cold", policy: adaptive.Policy{Threshold: 1_000_000, ColdStart: true}, rated: true, caps: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-nowindow", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, noWindow: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-decreases-partial", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, partial: true, tokens: true, rates: true, sequences: 60},
+		{name: "caps-onedim-decreases", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, retryAfter: true, oneDim: true, partial: true, endOnly: true, sequences: 60},
+		{name: "partial-decreases", policy: adaptive.Policy{}, partial: true, tokens: true, rates: true},
+		{name: "slow-caps", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, tokens: true, sequences: 60},
+		{name: "slow-caps-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, endOnly: true, sequences: 60},
+		{name: "slow-caps-partial-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, partial: true, oneDim: true, endOnly: true, sequences: 60},
+		{name: "slow-caps-pause-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, caps: true, deep: true, slow: true, retryAfter: true, endOnly: true, sequences: 60},
+		{name: "slow-caps-decreases-end", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, slow: true, retryAfter: true, endOnly: true, sequences: 60},
+		{name: "slow-caps-decreases-reads", policy: adaptive.Policy{Threshold: 2}, rated: true, caps: true, deep: true, slow: true, retryAfter: true, tokens: true, rates: true, sequences: 60},
+		{name: "slow-caps-additive-reads", policy: adaptive.Policy{Threshold: 1, Recovery: adaptive.Additive}, caps: true, deep: true, slow: true, retryAfter: true, tokens: true},
+		{name: "slow-reports-end", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, deep: true, slow: true, retryAfter: true, endOnly: true},
+		{name: "mixed-reads", policy: adaptive.Policy{Threshold: 1_000_000}, rated: true, deep: true, retryAfter: true, adjust: true, tokens: true, rates: true},
 	} {
 		n := 60
 		if v.name == "reports" || v.name == "decreases" || v.caps {
 			n = 200
+		}
+		if v.sequences > 0 {
+			n = v.sequences
 		}
 		t.Run(v.name, func(t *testing.T) { agreeVariant(t, v, n) })
 	}
@@ -70,12 +98,16 @@ func agreeVariant(t *testing.T, v variant, sequences int) {
 	bes := backends(t)
 	bs := make([]bucket.Bucket, len(bes))
 	for i, be := range bes {
+		tl, rl := bucket.Limit{Rate: 100, Burst: 1000}, bucket.PerSecond(10)
+		if v.slow {
+			tl, rl = bucket.Limit{Rate: 10, Burst: 1000}, bucket.Limit{Rate: 1, Burst: 100}
+		}
 		opts := []bucket.Option{bucket.WithPolicy(v.policy),
-			bucket.WithLimit(bucket.Tokens, bucket.Limit{Rate: 100, Burst: 1000})}
+			bucket.WithLimit(bucket.Tokens, tl)}
 		if !v.noWindow {
 			opts = append(opts, bucket.WithWindow(bucket.Requests, bucket.PerMinute(300)))
 		}
-		bs[i] = be.new(t, bucket.PerSecond(10), opts...)
+		bs[i] = be.new(t, rl, opts...)
 	}
 	ctx := t.Context()
 	quota := func(r *rand.Rand) adaptive.Quota {
@@ -114,7 +146,10 @@ func agreeVariant(t *testing.T, v variant, sequences int) {
 			switch pick {
 			case 0, 1:
 				fb := adaptive.Feedback{Quotas: map[string]adaptive.Quota{bucket.Requests: quota(r)}}
-				if r.IntN(2) == 0 {
+				if v.oneDim {
+					delete(fb.Quotas, bucket.Requests)
+				}
+				if v.oneDim || r.IntN(2) == 0 {
 					q := quota(r)
 					q.Limit *= 100
 					if q.Remaining > 0 {
@@ -145,9 +180,20 @@ func agreeVariant(t *testing.T, v variant, sequences int) {
 				if v.deep {
 					n, w = float64(r.IntN(10)+1), bucket.Unlimited
 				}
-				op = fmt.Sprintf("reserve %v, max wait %v", n, w)
+				pn := 0
+				if v.partial {
+					pn = r.IntN(4) % 3
+				}
+				op = fmt.Sprintf("reserve %v (partial %d), max wait %v", n, pn, w)
 				for i, b := range bs {
-					rv, err := b.Reserve(ctx, key, bucket.Cost{bucket.Requests: n, bucket.Tokens: n * 37}, w)
+					c := bucket.Cost{bucket.Requests: n, bucket.Tokens: n * 37}
+					if v.partial && pn > 0 {
+						c = bucket.Cost{bucket.Requests: n}
+						if pn == 2 {
+							c = bucket.Cost{bucket.Tokens: n * 37}
+						}
+					}
+					rv, err := b.Reserve(ctx, key, c, w)
 					require.NoError(t, err)
 					res[i] = fmt.Sprintf("%v %.3f %.3f", rv.OK, rv.Delay.Seconds(), rv.RetryAfter.Seconds())
 					got[i] = res[i]
@@ -173,6 +219,9 @@ func agreeVariant(t *testing.T, v variant, sequences int) {
 				d := time.Duration(r.IntN(3000)) * time.Millisecond
 				if r.IntN(6) == 0 {
 					d = time.Duration(r.IntN(70)) * time.Second
+					if v.slow {
+						d = time.Duration(r.IntN(300)) * time.Second
+					}
 				}
 				op = fmt.Sprintf("advance %v", d)
 				for _, be := range bes {
@@ -217,7 +266,9 @@ func agreeVariant(t *testing.T, v variant, sequences int) {
 }
 
 // sameReservation reports whether two reservations, as "OK delay
-// retry-after" in seconds, agree within the scripts' rounding.
+// retry-after" in seconds, agree within the scripts' rounding: 2 ms, and
+// a reported rate kept in millionths (1/12 a second as 0.083333, 4e-6
+// low) for a wait of hundreds of seconds.
 func sameReservation(a, b string) bool {
 	if a == b {
 		return true
@@ -230,5 +281,6 @@ func sameReservation(a, b string) bool {
 	if _, err := fmt.Sscanf(b, "%t %f %f", &ob, &db, &rb); err != nil {
 		return false
 	}
-	return oa == ob && math.Abs(da-db) <= 0.002 && math.Abs(ra-rb) <= 0.002
+	tol := func(x, y float64) float64 { return 0.002 + 1e-5*max(math.Abs(x), math.Abs(y)) }
+	return oa == ob && math.Abs(da-db) <= tol(da, db) && math.Abs(ra-rb) <= tol(ra, rb)
 }

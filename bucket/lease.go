@@ -399,7 +399,7 @@ local n = #KEYS - 1
 local st, ok = {}, pausedTo <= now
 for i = 1, n do
   local want, give = tonumber(ARGV[3*i+3]), tonumber(ARGV[3*n+3+i])
-  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin, _, _, arate, aburst = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   tk = math.min(burst, tk + give)
   if pt then
     pt = math.min(pb, pt + give)
@@ -410,7 +410,7 @@ for i = 1, n do
   if want > 0 and (at > now or tk < want or (pt and pt < want)) then
     ok = false
   end
-  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, want, give}
+  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, want, give, arate, aburst}
 end
 for i, s in ipairs(st) do
   if ok then
@@ -418,7 +418,7 @@ for i, s in ipairs(st) do
     if s[6] then s[6] = s[6] - s[11] end
   end
   if ok or s[12] > 0 then
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10])
+    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[13], s[14])
   end
 end
 local h = 0

@@ -73,6 +73,7 @@ local cold = tonumber(ARGV[3]) >= 2
 local pausedTo = now -- the latest a dimension's ts may be (see above)
 local held = false -- a dimension is held below this process's limit (see pinned)
 local pinLive = false -- a dimension read has a pin that holds (see pinned)
+local folds = {} -- by dimension key, a report's end refill folded and store is to write (see fold)
 
 -- pinned returns the rate and burst a dimension has: this process's own,
 -- or lower ones that another process of the fleet has used within a hold
@@ -171,19 +172,22 @@ local function refill(key, rate, burst, f, first)
     -- provider's bucket, if any, held then (what that was owed at its end
     -- stays owed, in ours; a new life, since no waiter's place there holds
     -- any more); from then ours refills at our rate, from ts below, so
-    -- less what that adds up to the end. Once: its fields go.
+    -- less what that adds up to the end. Once, when the key is written
+    -- (fold): its fields go. Until then the hash keeps them, and every
+    -- read folds them anew, at the fraction it finds: a read changes
+    -- nothing (Local.peek), and what a read wrote at one fraction was
+    -- refilled from ts at a later one.
     local d = math.max(0, tonumber(s[6]) - tonumber(s[2]))
     local rr, rb = crate, cburst
     if s[4] and not (s[7] and s[5] and tonumber(s[5]) / 1e6 > cburst) then rr = math.min(rr, tonumber(s[4]) / 1e6) end
     if s[5] then rb = math.min(rb, tonumber(s[5]) / 1e6) end
     local tu = math.min(rb * f * 1e6, tonumber(s[1]) + d * rr * f)
+    folds[key] = false
     if s[7] and s[4] and s[5] then
       tu = math.min(tu, tonumber(s[5]), tonumber(s[7]) + d * tonumber(s[4]) / 1e6)
-      redis.call('HINCRBY', key, 'i', 1)
+      folds[key] = true
     end
     s[1], s[7] = math.floor(tu - d * rate + 0.5), nil
-    redis.call('HSET', key, 't', s[1])
-    redis.call('HDEL', key, 'p', 'r', 'b')
   end
   if not s[1] then
     local tk = burst
@@ -205,12 +209,28 @@ local function refill(key, rate, burst, f, first)
   return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt, rx, pin, crate, cburst, crate * f, cburst * f
 end
 
+-- fold writes the end of a report that refill folded into key's tokens:
+-- the report's fields go, and a provider's bucket gone starts a new life.
+-- The tokens are the caller's to write (store).
+local function fold(key)
+  local life = folds[key]
+  if life == nil then
+    return
+  end
+  folds[key] = nil
+  redis.call('HDEL', key, 'p', 'r', 'b')
+  if life then
+    redis.call('HINCRBY', key, 'i', 1)
+  end
+end
+
 -- store writes tk, and the provider's pt if any, as of at, and pin (see
 -- pinned), extending the expiry if needed: past the time ours is full
 -- again, the provider's bucket (at pr up to pb) too, the report (until
 -- rx), ours again after the report's end, refilled from what it holds
 -- then (see the fold in refill) at arate up to aburst, and the pin.
 local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, arate, aburst)
+  fold(key)
   local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
   local pinx = 0
   if pin then
@@ -304,6 +324,9 @@ local function place(out, key, tk, at, rate, pt, pr)
   end
   out[n+6] = c[2] or '0'
   out[n+8] = c[3] or '0'
+  if folds[key] then
+    out[n+8] = string.format('%d', (tonumber(c[3]) or 0) + 1) -- the life the fold starts (see fold)
+  end
 end
 `
 
@@ -355,22 +378,23 @@ local function reserve(wmax, o, step)
         pt = pt - amount
         w = math.max(w, at - now + deficit(pt, pr))
       end
-      st[#st+1] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, key, arate, aburst}
+      st[#st+1] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, key, arate, aburst, amount}
       wait = math.max(wait, w)
     end
   end
   if wait > wmax then
     wait = -wait
-    -- A process refused uses the key's limit too: its pin is written, or a
-    -- fleet that keeps the key empty at a higher limit would keep it.
+    -- Nothing is taken, but the key is written refilled up to now, as
+    -- Local's is: at the fraction now, not at a later one from an older
+    -- ts. A process refused uses the key's limit too: its pin is written,
+    -- or a fleet that keeps the key empty at a higher limit would keep it.
+    -- A hash that refill found none of is full: it makes none, but for
+    -- its pin.
     for _, s in ipairs(st) do
-      local pin = s[10]
-      if pin then
-        redis.call('HSET', s[11], unpack(pin))
-        if s[3] < pin[4] then
-          redis.call('HSET', s[11], 'x', pin[4])
-          redis.call('PEXPIREAT', s[11], math.ceil(pin[4] / 1000))
-        end
+      if s[3] > 0 or s[10] then
+        local pt = s[6]
+        if pt then pt = pt + s[14] end
+        store(s[11], s[1] + s[14], s[2], s[3], s[4], s[5], pt, s[7], s[8], s[9], s[10], s[12], s[13])
       end
     end
   else
@@ -442,9 +466,8 @@ return 1
 
 // queueScript returns, for each dimension key, the end of its queue as a
 // place (see place): how long from now until its debt is paid, the pause
-// and the provider's bucket apart, with their credits, changing nothing
-// but the form of the state (see tokensScript). ARGV[1] and the amounts
-// are unused.
+// and the provider's bucket apart, with their credits, changing nothing.
+// ARGV[1] and the amounts are unused.
 var queueScript = newScript(luaCommon + luaPlace + `
 local f = fraction(span, law)
 local out = {}
@@ -457,8 +480,8 @@ return out
 
 // tokensScript returns each dimension key's tokens now (as of the end of a
 // pause), then each one's rate, the lower of ours and the provider's
-// bucket's, as strings, changing nothing but the form of the state (refill
-// folds a report that has run its time into ours). ARGV[1] and the
+// bucket's, as strings, changing nothing (a report that has run its time
+// is folded into ours as read, not written: see refill). ARGV[1] and the
 // amounts are unused.
 var tokensScript = newScript(luaCommon + `
 local f = fraction(span, law)
@@ -529,6 +552,7 @@ for i = 1, #KEYS - 1 do
   local crate, cburst = tonumber(ARGV[o]), tonumber(ARGV[o+1])
   local rem, rrate, rburst = tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4])
   local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin, prate, pburst = refill(key, crate, cburst, f, 0)
+  fold(key) -- before a report writes its fields
   local tk0, at0, rate0, burst0, pt0, pr0, pb0 = tk, at, rate, burst, pt, pr, pb
   local valid = tonumber(ARGV[o+5])
   local f, nf, pause = f, nf, pause
