@@ -34,10 +34,13 @@ func capQueue(t *testing.T, b bucket.Bucket, key string) {
 }
 
 // TestExpiredCapRefillsAtCapUntilItsEnd: capQueue's key, 12 s in. Until
-// the cap's end (10 s) the key refilled at 5/s, 50 of its debt of 90; at
-// the configured 10/s since, 20 more: 20 owed, and a call waits 2.1 s.
-// The key refilled the whole 12 s at 10/s and read full, with 30 paced
-// slots still to come.
+// the cap's end (10 s) the key refilled at 5/s, 50 of its debt of 90; the
+// 40 still owed were paced at the cap, so the cap counts on until they
+// are repaid, at 18 s: 30 owed at 12 s, and a call waits 6.2 s, after the
+// last paced slot. The key refilled the whole 12 s at 10/s and read full,
+// with 30 paced slots still to come; folded at the cap's end and refilled
+// at 10/s from then, it owed 20 and a call went at 14.1 s, before the
+// last 20 of them (TestCapEndBoundsTheFleet).
 func TestExpiredCapRefillsAtCapUntilItsEnd(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
@@ -45,10 +48,10 @@ func TestExpiredCapRefillsAtCapUntilItsEnd(t *testing.T) {
 			b := be.new(t, bucket.PerSecond(10))
 			capQueue(t, b, key)
 			be.advance(12 * time.Second)
-			assert.InDelta(t, -20, be.tokens(t, key)[bucket.Requests], 1e-3)
+			assert.InDelta(t, -30, be.tokens(t, key)[bucket.Requests], 1e-3)
 			r, err := b.Reserve(t.Context(), key, bucket.N(1), bucket.Unlimited)
 			require.NoError(t, err)
-			assert.InDelta(t, 2100*time.Millisecond, r.Delay, float64(time.Millisecond))
+			assert.InDelta(t, 6200*time.Millisecond, r.Delay, float64(time.Millisecond))
 		})
 	}
 }
@@ -83,7 +86,7 @@ func TestExpiredCapOutlivesItsRefill(t *testing.T) {
 }
 
 // TestReadsDuringCapChangeNothing: capQueue's key, read at 1 s, 5 s and
-// 9.5 s, still under the cap; at 12 s a call waits 2.1 s as it does with
+// 9.5 s, still under the cap; at 12 s a call waits 6.2 s as it does with
 // no read (TestExpiredCapRefillsAtCapUntilItsEnd). A Local read wrote
 // the key refilled to then, at the cap, and the end of the cap found
 // Local and the scripts apart: Local's key refilled from the read at 10/s
@@ -108,7 +111,7 @@ func TestReadsDuringCapChangeNothing(t *testing.T) {
 			r, err := b.Reserve(t.Context(), key, bucket.N(1), bucket.Unlimited)
 			require.NoError(t, err)
 			got[be.name] = r.Delay
-			assert.InDelta(t, 2100*time.Millisecond, r.Delay, float64(time.Millisecond))
+			assert.InDelta(t, 6200*time.Millisecond, r.Delay, float64(time.Millisecond))
 		})
 	}
 	assert.InDelta(t, got["local"], got["redis"], float64(time.Millisecond))

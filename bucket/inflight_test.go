@@ -190,8 +190,8 @@ func TestInFlightCancel(t *testing.T) {
 			key := flightKey(t)
 			release, err := s.Acquire(t.Context(), key)
 			require.NoError(t, err)
+			start := time.Now() // before the deadline is set, which the wait may end at to the nanosecond
 			ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-			start := time.Now()
 			_, err = s.Acquire(ctx, key)
 			cancel()
 			assert.ErrorIs(t, err, context.DeadlineExceeded)

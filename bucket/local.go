@@ -726,7 +726,10 @@ func (l *Local) peek(key string, now time.Time) *localKey {
 func (l *Local) refill(k *localKey, now time.Time) {
 	if k.rate != nil {
 		for i, u := range k.reported {
-			if !now.Before(u) { // the report has run its time
+			if now.Before(u) || k.rate[i] == 0 && k.burst[i] == 0 {
+				continue // it counts; or none, or folded
+			}
+			if u = l.reportEnd(k, i, u, now); !now.Before(u) { // the report has run its time
 				l.fold(k, i, u, now)
 			}
 		}
@@ -763,9 +766,6 @@ func (l *Local) refill(k *localKey, now time.Time) {
 // from k.last, so what it would add up to u is taken off here. Once: the
 // report's rate and burst go. l.mu must be held.
 func (l *Local) fold(k *localKey, i int, u, now time.Time) {
-	if k.rate[i] == 0 && k.burst[i] == 0 {
-		return // none, or folded
-	}
 	f := l.fraction(k, now)
 	d := max(u.Sub(k.last).Seconds(), 0)
 	tu := min(k.tokens[i]+d*l.rate(k, i, f), l.burst(k, i, f))
@@ -775,6 +775,30 @@ func (l *Local) fold(k *localKey, i int, u, now time.Time) {
 	}
 	k.rate[i], k.burst[i], k.provider[i] = 0, 0, math.NaN()
 	k.tokens[i] = tu - d*l.rate(k, i, f)
+}
+
+// reportEnd returns when dimension i's report, whose time ran out at u,
+// ends: at u, or while what was taken under it is still owed (a debt of
+// ours, or of its provider's bucket), once that is repaid at its pace.
+// The slots of that debt were paced at the report's rate: folded at u,
+// ours would refill faster from then and hand that to the calls after,
+// while those slots still went out (TestCapEndBoundsTheFleet). It is worked
+// out anew at each refill, from k's tokens as of k.last, in whole
+// microseconds, as the scripts do.
+func (l *Local) reportEnd(k *localKey, i int, u, now time.Time) time.Time {
+	from := u
+	if k.last.After(u) {
+		from = k.last
+	}
+	dt := from.Sub(k.last).Seconds()
+	var w float64 // seconds
+	if r := l.rate(k, i, l.fraction(k, now)); k.tokens[i]+dt*r < 0 {
+		w = -(k.tokens[i] + dt*r) / r
+	}
+	if pt, pr, _, had := k.prov(i); had && pt+dt*pr < 0 {
+		w = max(w, -(pt+dt*pr)/pr)
+	}
+	return from.Add(time.Duration(math.Ceil(w*1e6)) * time.Microsecond)
 }
 
 // add makes and keeps key's state as of now: full; or under a ColdStart policy
@@ -836,8 +860,13 @@ func (l *Local) sweep(now time.Time) {
 		}
 		if k.rate != nil {
 			// A report that has run its time leaves what it was owed in
-			// the tokens (advance): that is owed still.
+			// the tokens (advance): that is owed still. One that counts
+			// on while a debt taken under it is repaid (reportEnd) still
+			// matters.
 			k = l.advance(name, now, nil)
+			if slices.ContainsFunc(k.rate, nonZero) || slices.ContainsFunc(k.burst, nonZero) {
+				continue
+			}
 		}
 		full := true
 		elapsed := now.Sub(k.last).Seconds()

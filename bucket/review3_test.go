@@ -1,6 +1,7 @@
 package bucket_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -134,4 +135,55 @@ func TestLeaseOfCappedKey(t *testing.T) {
 	}
 	assert.Equal(t, calls0+1, redistest.ScriptCalls(t, rdb), "one lease serves the ten calls")
 	assert.InDelta(t, 990, leaseTokens(t, b, "k")[bucket.Requests], 0.5)
+}
+
+// TestCapEndBoundsTheFleet: under 10/s (burst 10) a cap of 5/s (50 per
+// 10 s, no remaining) for 10 s; 200 calls reserved at once are paced at
+// the cap, the last at 38 s. The key refills at the cap to its end and at
+// 10/s after, so it has repaid the queue's debt by 24 s, and the calls
+// reserved from then go at 10/s; but the slots handed out at the cap
+// still come at 5/s until 38 s: 15/s between, 210 calls in the 14 s from
+// 24 s where Burst + Rate·T is 150. Every interval between two slots must
+// hold at most Burst + Rate·T of them.
+func TestCapEndBoundsTheFleet(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
+			ctx := t.Context()
+			key := "cap-bound-" + be.name
+			lim := bucket.PerSecond(10)
+			b := be.new(t, lim)
+			require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Quotas: map[string]adaptive.Quota{
+				bucket.Requests: {Limit: 50, Remaining: -1, Window: 10 * time.Second}}}))
+			var slots []time.Duration // after the first call
+			var at time.Duration
+			reserve := func() {
+				r, err := b.Reserve(ctx, key, bucket.N(1), bucket.Unlimited)
+				require.NoError(t, err)
+				require.True(t, r.OK)
+				slots = append(slots, at+r.Delay)
+			}
+			for range 200 {
+				reserve()
+			}
+			// Then one call every 0.1 s, from 24 s to 40 s.
+			be.advance(24 * time.Second)
+			at = 24 * time.Second
+			for range 160 {
+				reserve()
+				be.advance(100 * time.Millisecond)
+				at += 100 * time.Millisecond
+			}
+			slices.Sort(slots)
+			worst, from, to := 0.0, time.Duration(0), time.Duration(0)
+			for i := range slots {
+				for j := i; j < len(slots); j++ {
+					over := float64(j-i+1) - (lim.Burst + lim.Rate*(slots[j]-slots[i]).Seconds())
+					if over > worst {
+						worst, from, to = over, slots[i], slots[j]
+					}
+				}
+			}
+			assert.LessOrEqual(t, worst, 1.0, "%.0f calls over Burst + Rate·T between %v and %v", worst, from, to)
+		})
+	}
 }
