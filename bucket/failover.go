@@ -207,7 +207,10 @@ func WithFailClosed() Option {
 // scripts, has 5 s (or 4d). A call that runs out of time is a Redis failure; one
 // whose own context ends first is not.
 //
-// The bound is a context deadline. go-redis honours it when dialing and
+// The bound is a context deadline: the caller's, if it comes first; for a
+// caller's context that is never cancelled (context.Background), one that
+// the calls begun within a millisecond of each other share, which may come
+// up to that millisecond sooner. go-redis honours it when dialing and
 // waiting for a pooled connection, but on a connection's reads and writes
 // only with ContextTimeoutEnabled set in its options; without it a server
 // that accepts connections but does not answer holds a call for the
@@ -292,6 +295,7 @@ type failover struct {
 	contact contact
 
 	latency   atomic.Int64              // of the calls that worked, smoothed, in ns
+	deadlines deadlines                 // of the calls (call)
 	answered  atomic.Int64              // when the last call that worked began, since monoBase, in ns
 	misconfig atomic.Pointer[misconfig] // the last configuration error, if none has worked since
 	served    atomic.Bool               // a script has run
@@ -447,7 +451,7 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 		return &UnavailableError{Addr: f.addr, Err: err}
 	}
 	start := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, timeout)
+	cctx, cancel := f.deadlines.within(ctx, timeout)
 	err = call(cctx)
 	cancel()
 	switch {
