@@ -35,10 +35,10 @@ type sharedDeadline struct {
 	cancel context.CancelFunc // never called: its timer ends it
 }
 
-// within returns ctx bounded to timeout from now, and what to call when
-// the call is over.
-func (d *deadlines) within(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
-	at := time.Now().Add(timeout)
+// within returns ctx bounded to timeout from now, the time, and what to
+// call when the call is over.
+func (d *deadlines) within(ctx context.Context, now time.Time, timeout time.Duration) (context.Context, context.CancelFunc) {
+	at := now.Add(timeout)
 	if dl, ok := ctx.Deadline(); ok && !dl.After(at) {
 		return ctx, func() {}
 	}

@@ -30,8 +30,8 @@ func TestDeadlinesWithin(t *testing.T) {
 	t.Run("never cancelled", func(t *testing.T) {
 		ctx := context.WithValue(context.Background(), ctxKey{}, "v")
 		before := time.Now()
-		c1, cancel1 := d.within(ctx, timeout)
-		c2, cancel2 := d.within(ctx, timeout)
+		c1, cancel1 := d.within(ctx, time.Now(), timeout)
+		c2, cancel2 := d.within(ctx, time.Now(), timeout)
 		after := time.Now()
 		check(t, ctx, c1, before, after)
 		check(t, ctx, c2, before, after)
@@ -41,13 +41,13 @@ func TestDeadlinesWithin(t *testing.T) {
 
 		// A shorter timeout never gets a later shared deadline.
 		before = time.Now()
-		c3, cancel3 := d.within(ctx, timeout/2)
+		c3, cancel3 := d.within(ctx, time.Now(), timeout/2)
 		defer cancel3()
 		dl, _ := c3.Deadline()
 		assert.False(t, dl.After(time.Now().Add(timeout/2)))
 		assert.False(t, dl.Before(before.Add(timeout/2-deadlineGrain)))
 
-		short, cancel4 := d.within(ctx, 20*time.Millisecond)
+		short, cancel4 := d.within(ctx, time.Now(), 20*time.Millisecond)
 		defer cancel4()
 		select {
 		case <-short.Done():
@@ -61,7 +61,7 @@ func TestDeadlinesWithin(t *testing.T) {
 	t.Run("cancellable", func(t *testing.T) {
 		parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
 		before := time.Now()
-		cctx, done := d.within(parent, timeout)
+		cctx, done := d.within(parent, time.Now(), timeout)
 		defer done()
 		check(t, parent, cctx, before, time.Now())
 		cancel()
@@ -76,7 +76,7 @@ func TestDeadlinesWithin(t *testing.T) {
 	t.Run("caller's deadline first", func(t *testing.T) {
 		parent, cancel := context.WithTimeout(context.WithValue(context.Background(), ctxKey{}, "v"), timeout/2)
 		defer cancel()
-		cctx, done := d.within(parent, timeout)
+		cctx, done := d.within(parent, time.Now(), timeout)
 		defer done()
 		assert.Equal(t, parent, cctx, "the caller's context bounds it already")
 	})

@@ -451,7 +451,7 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 		return &UnavailableError{Addr: f.addr, Err: err}
 	}
 	start := time.Now()
-	cctx, cancel := f.deadlines.within(ctx, timeout)
+	cctx, cancel := f.deadlines.within(ctx, start, timeout)
 	err = call(cctx)
 	cancel()
 	switch {
@@ -688,13 +688,23 @@ func (s *scripted) run(ctx context.Context, script *script, keys []string, args 
 	return s.fo.run(ctx, script, keys, args...)
 }
 
+// runArgv is run with its argv built (see scriptArgv, scripted.prepare).
+func (s *scripted) runArgv(ctx context.Context, script *script, argv []any) *redis.Cmd {
+	return s.fo.runArgv(ctx, script, argv)
+}
+
 // run runs script on Redis through the failure policy (see failover.do);
 // when that fails, the Cmd's error is do's. After a call that worked, it
 // counts the fleet if that is due.
 func (f *failover) run(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
+	return f.runArgv(ctx, script, scriptArgv(keys, args))
+}
+
+// runArgv is run with its argv built (see scriptArgv).
+func (f *failover) runArgv(ctx context.Context, script *script, argv []any) *redis.Cmd {
 	var cmd *redis.Cmd
 	err := f.do(ctx, func(ctx context.Context) error {
-		cmd = script.run(ctx, f.rdb, keys, args...)
+		cmd = script.runArgv(ctx, f.rdb, argv)
 		return cmd.Err()
 	})
 	if cmd == nil {
