@@ -277,14 +277,14 @@ func (r *Redis) runBatch(key string, batch []*pending) {
 		return smallAmounts[0]
 	}
 	args := make([]any, 0, 3+3*k+(len(live)-1)*(k+1))
-	args = append(args, scriptArg(float64(live[0].maxWait.Microseconds())), r.span, r.flags())
+	args = append(args, waitArg(live[0].maxWait), r.span, r.flags())
 	for i := range r.dims {
 		if charged[i] {
 			args = append(args, r.param[i], r.dims[i].burst, amount(live[0], i))
 		}
 	}
 	for _, p := range live[1:] {
-		args = append(args, scriptArg(float64(p.maxWait.Microseconds())))
+		args = append(args, waitArg(p.maxWait))
 		for i := range r.dims {
 			if charged[i] {
 				args = append(args, amount(p, i))

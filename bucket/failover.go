@@ -207,7 +207,10 @@ func WithFailClosed() Option {
 // scripts, has 5 s (or 4d). A call that runs out of time is a Redis failure; one
 // whose own context ends first is not.
 //
-// The bound is a context deadline. go-redis honours it when dialing and
+// The bound is a context deadline: the caller's, if it comes first; for a
+// caller's context that is never cancelled (context.Background), one that
+// the calls begun within a millisecond of each other share, which may come
+// up to that millisecond sooner. go-redis honours it when dialing and
 // waiting for a pooled connection, but on a connection's reads and writes
 // only with ContextTimeoutEnabled set in its options; without it a server
 // that accepts connections but does not answer holds a call for the
@@ -292,6 +295,7 @@ type failover struct {
 	contact contact
 
 	latency   atomic.Int64              // of the calls that worked, smoothed, in ns
+	deadlines deadlines                 // of the calls (call)
 	answered  atomic.Int64              // when the last call that worked began, since monoBase, in ns
 	misconfig atomic.Pointer[misconfig] // the last configuration error, if none has worked since
 	served    atomic.Bool               // a script has run
@@ -447,7 +451,7 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 		return &UnavailableError{Addr: f.addr, Err: err}
 	}
 	start := time.Now()
-	cctx, cancel := context.WithTimeout(ctx, timeout)
+	cctx, cancel := f.deadlines.within(ctx, start, timeout)
 	err = call(cctx)
 	cancel()
 	switch {
@@ -684,13 +688,23 @@ func (s *scripted) run(ctx context.Context, script *script, keys []string, args 
 	return s.fo.run(ctx, script, keys, args...)
 }
 
+// runArgv is run with its argv built (see scriptArgv, scripted.prepare).
+func (s *scripted) runArgv(ctx context.Context, script *script, argv []any) *redis.Cmd {
+	return s.fo.runArgv(ctx, script, argv)
+}
+
 // run runs script on Redis through the failure policy (see failover.do);
 // when that fails, the Cmd's error is do's. After a call that worked, it
 // counts the fleet if that is due.
 func (f *failover) run(ctx context.Context, script *script, keys []string, args ...any) *redis.Cmd {
+	return f.runArgv(ctx, script, scriptArgv(keys, args))
+}
+
+// runArgv is run with its argv built (see scriptArgv).
+func (f *failover) runArgv(ctx context.Context, script *script, argv []any) *redis.Cmd {
 	var cmd *redis.Cmd
 	err := f.do(ctx, func(ctx context.Context) error {
-		cmd = script.run(ctx, f.rdb, keys, args...)
+		cmd = script.runArgv(ctx, f.rdb, argv)
 		return cmd.Err()
 	})
 	if cmd == nil {

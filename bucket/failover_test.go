@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -608,4 +609,55 @@ func TestRedisHangs(t *testing.T) {
 	assert.Less(t, slowest, timeout+100*time.Millisecond, "no call pays more than one timeout")
 	assert.GreaterOrEqual(t, back, time.Duration(0), "back on Redis")
 	assert.Less(t, back, time.Second)
+}
+
+// TestStalledRedisBoundsUncancelledCalls: a call whose context is never
+// cancelled (context.Background), which shares its deadline with other
+// calls (see WithRedisTimeout), is held by a Redis that stops answering
+// for one Redis timeout at most: on its connection's read, with a client
+// that honours context deadlines, and while it waits for a connection of
+// a pool that something else holds (go-redis waits there until the
+// context is done, or its PoolTimeout, 4 s by default).
+func TestStalledRedisBoundsUncancelledCalls(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	ctx := context.Background()
+	warm := func(t *testing.T, b *bucket.Redis) {
+		t.Helper()
+		for range 50 { // the latency the timeout stretches to falls back from the first contact's
+			_, err := b.Reserve(ctx, "k", bucket.N(1), 0)
+			require.NoError(t, err)
+		}
+	}
+	call := func(t *testing.T, b *bucket.Redis) {
+		t.Helper()
+		start := time.Now()
+		_, err := b.Reserve(ctx, "k", bucket.N(1), 0)
+		took := time.Since(start)
+		t.Logf("took %v: %v", took.Round(time.Millisecond), err)
+		assert.ErrorIs(t, err, bucket.ErrUnavailable)
+		assert.Less(t, took, timeout+150*time.Millisecond, "one Redis timeout at most")
+	}
+
+	t.Run("read", func(t *testing.T) {
+		p := redistest.NewProxy(t, redistest.Addr(t))
+		rdb := redis.NewClient(&redis.Options{Addr: p.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { rdb.Close() })
+		b := bucket.NewRedis(rdb, bucket.PerSecond(1e6), bucket.WithFailClosed(),
+			bucket.WithRedisTimeout(timeout), bucket.WithPrefix(fmt.Sprintf("stall%d", time.Now().UnixNano())))
+		warm(t, b)
+		p.SetLatency(time.Hour) // Redis stops answering
+		call(t, b)
+	})
+
+	t.Run("pool", func(t *testing.T) {
+		rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(t), ContextTimeoutEnabled: true, MaxRetries: -1, PoolSize: 1})
+		t.Cleanup(func() { rdb.Close() })
+		b := bucket.NewRedis(rdb, bucket.PerSecond(1e6), bucket.WithFailClosed(),
+			bucket.WithRedisTimeout(timeout), bucket.WithPrefix(fmt.Sprintf("stall%d", time.Now().UnixNano())))
+		warm(t, b)
+		held := rdb.Conn() // the pool's one connection, until it is closed
+		require.NoError(t, held.Ping(ctx).Err())
+		defer held.Close()
+		call(t, b)
+	})
 }

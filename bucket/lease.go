@@ -368,13 +368,13 @@ func (r *Redis) giveBack(key string, give []float64) {
 	if len(delta) == 0 {
 		return
 	}
-	keys, args, err := r.prepare(key, delta, false, true, smallAmounts[0], r.span, r.flags())
-	if err != nil || len(keys) == 0 {
+	argv, _, err := r.prepare(key, delta, false, true, smallAmounts[0], r.span, r.flags())
+	if err != nil || argv == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.fo.callTimeout())
 	defer cancel()
-	if r.run(ctx, adjustScript, keys, args...).Err() == nil {
+	if r.runArgv(ctx, adjustScript, argv).Err() == nil {
 		r.waiting.fire(key, delta)
 	}
 }

@@ -109,16 +109,16 @@ func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait ti
 // end of key's queue in each dimension cost charges.
 func (r *Redis) earliest(ctx context.Context, key string, cost Cost) (queue, error) {
 	now := time.Now()
-	keys, args, err := r.prepare(key, cost, true, false, smallAmounts[0], r.span, r.flags())
-	if err != nil || len(keys) == 0 {
+	argv, dims, err := r.prepare(key, cost, true, false, smallAmounts[0], r.span, r.flags())
+	if err != nil || argv == nil {
 		return queue{end: now}, err
 	}
-	v, err := r.run(ctx, queueScript, keys, args...).Slice()
+	v, err := r.runArgv(ctx, queueScript, argv).Slice()
 	if err != nil {
 		return queue{}, err
 	}
 	cons, err := places(v, time.Now())
-	if err != nil || len(cons) != 2*(len(keys)-1) {
+	if err != nil || len(cons) != 2*dims {
 		return queue{}, fmt.Errorf("bucket: redis queue: unexpected reply %v", v)
 	}
 	q := queue{end: now, cons: cons}

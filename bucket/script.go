@@ -20,7 +20,8 @@ import (
 // ran but whose reply was lost would take or refund twice. Such a call
 // fails instead, as a Redis failure.
 type script struct {
-	src, hash string
+	src, hash       string
+	srcArg, hashArg any // src and hash as arguments, boxed once
 }
 
 // scripts are every script of the package, loaded at first contact.
@@ -29,6 +30,7 @@ var scripts []*script
 func newScript(src string) *script {
 	sum := sha1.Sum([]byte(src))
 	s := &script{src: src, hash: hex.EncodeToString(sum[:])}
+	s.srcArg, s.hashArg = s.src, s.hash
 	scripts = append(scripts, s)
 	return s
 }
@@ -43,12 +45,26 @@ func (onceCmd) NoRetry() bool { return true }
 // (within the call's timeout), as go-redis would have: a cluster settling,
 // a server loading, a connection that could not be made.
 func (s *script) run(ctx context.Context, rdb redis.UniversalClient, keys []string, args ...any) *redis.Cmd {
-	argv := make([]any, 0, 3+len(keys)+len(args))
-	argv = append(argv, "evalsha", s.hash, len(keys))
+	return s.runArgv(ctx, rdb, scriptArgv(keys, args))
+}
+
+// argvHead is how many arguments of a script call come before its keys:
+// EVALSHA (or EVAL), the hash (or the source), the number of keys.
+const argvHead = 3
+
+// scriptArgv is the argv of a call of a script with keys and args, its
+// first two left for once to fill.
+func scriptArgv(keys []string, args []any) []any {
+	argv := make([]any, argvHead, argvHead+len(keys)+len(args))
+	argv[2] = len(keys)
 	for _, k := range keys {
 		argv = append(argv, k)
 	}
-	argv = append(argv, args...)
+	return append(argv, args...)
+}
+
+// runArgv is run with its argv built (see scriptArgv).
+func (s *script) runArgv(ctx context.Context, rdb redis.UniversalClient, argv []any) *redis.Cmd {
 	for attempt := 0; ; attempt++ {
 		cmd := s.once(ctx, rdb, argv)
 		if attempt == 3 || !notRun(cmd.Err()) {
@@ -62,13 +78,13 @@ func (s *script) run(ctx context.Context, rdb redis.UniversalClient, keys []stri
 
 // once sends s once: EVALSHA, then EVAL if the server does not have it.
 func (s *script) once(ctx context.Context, rdb redis.UniversalClient, argv []any) *redis.Cmd {
-	argv[0], argv[1] = "evalsha", s.hash
+	argv[0], argv[1] = "evalsha", s.hashArg
 	cmd := redis.NewCmd(ctx, argv...)
 	_ = rdb.Process(ctx, onceCmd{cmd})
-	if !redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	if err := cmd.Err(); err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
 		return cmd
 	}
-	argv[0], argv[1] = "eval", s.src
+	argv[0], argv[1] = "eval", s.srcArg
 	cmd = redis.NewCmd(ctx, argv...)
 	_ = rdb.Process(ctx, onceCmd{cmd})
 	return cmd

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,6 +34,7 @@ type scripted struct {
 	m       *meters  // nil: no metrics
 	waiting *refunds // of the token bucket's waiters (WaitMax)
 	single  bool     // WithoutCoalescing
+	last    *lastNames
 
 	leasing leaseConfig // WithLeasing (NewRedis only)
 }
@@ -43,7 +45,8 @@ func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit
 		panic(fmt.Sprintf("bucket: prefix %q holds a brace: it would choose the Cluster hash slot", c.prefix))
 	}
 	s := scripted{rdb: rdb, dims: dims, param: make([]any, len(dims)), prefix: c.prefix, suffix: suffix,
-		policy: c.policy, fo: newFailover(rdb, c, dims), metrics: c.metrics, single: c.single, leasing: c.leasing}
+		policy: c.policy, fo: newFailover(rdb, c, dims), metrics: c.metrics, single: c.single, leasing: c.leasing,
+		last: &lastNames{}}
 	for i, d := range dims {
 		s.param[i] = param(d)
 	}
@@ -69,18 +72,19 @@ func (s *scripted) dimKey(base, dim string) string {
 	return base + ":" + dim + s.suffix
 }
 
-// prepare builds the KEYS and ARGV of a script for the dimensions cost
-// charges: ARGV is head, then param, burst and amount for each key. With
-// reserve, amounts are checked against the limits; else a debit is cut to a
-// burst, unless whole: a share's debt, which names each window's amount
-// (share.take), where other costs give a window its dimension's.
-func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...any) ([]string, []any, error) {
+// prepare builds the argv of a script call (see scriptArgv) for the
+// dimensions cost charges: KEYS are key's adaptive state (if s.state) and
+// each such dimension's, ARGV is head, then param, burst and amount for
+// each. It says how many dimension keys there are; with none, argv is nil.
+// With reserve, amounts are checked against the limits; else a debit is
+// cut to a burst, unless whole: a share's debt, which names each window's
+// amount (share.take), where other costs give a window its dimension's.
+func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...any) (argv []any, dims int, err error) {
 	if key == "" {
-		return nil, nil, ErrInvalidKey
+		return nil, 0, ErrInvalidKey
 	}
-	var keys []string
-	var args []any
-	var base string
+	var names []any
+	state := s.stateKeys()
 	for i := range s.dims {
 		d := &s.dims[i]
 		v, ok := cost[d.of]
@@ -92,26 +96,75 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 		}
 		if reserve {
 			if err := d.checkCost(v); err != nil {
-				return nil, nil, err
+				return nil, 0, err
 			}
 		} else if err := checkDelta(d.name, v); err != nil {
-			return nil, nil, err
+			return nil, 0, err
 		} else if !whole {
 			v = min(v, d.limit.Burst) // a debit takes at most a burst (see Bucket.Adjust)
 		}
-		if keys == nil {
-			keys = make([]string, 0, len(s.dims)+1)
-			base = s.baseKey(key)
+		if argv == nil {
+			// Room for every dimension's key: ARGV moves down over what
+			// is left unused.
+			names = s.names(key)
+			argv = make([]any, argvHead+state+len(s.dims), argvHead+state+len(s.dims)+len(head)+3*len(s.dims))
 			if s.state {
-				keys = append(keys, base)
+				argv[argvHead] = names[0]
 			}
-			args = make([]any, 0, len(head)+3*len(s.dims))
-			args = append(args, head...)
+			argv = append(argv, head...)
 		}
-		keys = append(keys, s.dimKey(base, d.name))
-		args = append(args, s.param[i], d.burst, scriptArg(v))
+		argv[argvHead+state+dims] = names[1+i]
+		dims++
+		argv = append(argv, s.param[i], d.burst, scriptArg(v))
 	}
-	return keys, args, nil
+	if argv == nil {
+		return nil, 0, nil
+	}
+	if unused := len(s.dims) - dims; unused > 0 {
+		at := argvHead + state + dims
+		argv = argv[:at+copy(argv[at:], argv[at+unused:])]
+	}
+	argv[2] = state + dims
+	return argv, dims, nil
+}
+
+// lastNames holds the names of the key named last (see scripted.names).
+type lastNames struct{ atomic.Pointer[keyNames] }
+
+// keyNames are a key's names as script arguments (see scripted.names).
+type keyNames struct {
+	key   string
+	names []any
+}
+
+// names returns key's names as script arguments: its baseKey, then each
+// dimension's dimKey. Those of the key named last are kept, so that the
+// calls of a hot key make none: a process that alternates keys makes them
+// each time, as it would without.
+func (s *scripted) names(key string) []any {
+	if n := s.last.Load(); n != nil && n.key == key {
+		return n.names
+	}
+	base := s.baseKey(key)
+	names := make([]any, 1+len(s.dims))
+	names[0] = base
+	for i, d := range s.dims {
+		names[1+i] = s.dimKey(base, d.name)
+	}
+	s.last.Store(&keyNames{key: key, names: names})
+	return names
+}
+
+// unlimitedArg is Unlimited as a script's maxWait, formatted once.
+var unlimitedArg = scriptArg(float64(Unlimited.Microseconds()))
+
+// waitArg is maxWait as a reserve script reads it: whole microseconds, at
+// least 0.
+func waitArg(maxWait time.Duration) any {
+	if maxWait == Unlimited {
+		return unlimitedArg
+	}
+	return scriptArg(float64(max(maxWait, 0).Microseconds()))
 }
 
 // reserve runs a reserve script, whose ARGV are maxWait in microseconds,
@@ -132,13 +185,14 @@ func (s *scripted) waiters(string) *waiters { return s.m.waiters() }
 // reserveBy is reserve, saying what served it, and the reservation's
 // place if the script gave one.
 func (s *scripted) reserveBy(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, []constraint, server, error) {
-	head := append([]any{scriptArg(float64(max(maxWait, 0).Microseconds()))}, extra...)
-	keys, args, err := s.prepare(key, cost, true, false, head...)
-	if err != nil || len(keys) == 0 {
+	var buf [4]any
+	head := append(append(buf[:0], waitArg(maxWait)), extra...)
+	argv, dims, err := s.prepare(key, cost, true, false, head...)
+	if err != nil || argv == nil {
 		return Reservation{OK: err == nil}, nil, servedRedis, err
 	}
-	v, err := s.run(ctx, script, keys, args...).Result()
-	return s.decided(ctx, key, cost, maxWait, v, err, len(keys)-s.stateKeys())
+	v, err := s.runArgv(ctx, script, argv).Result()
+	return s.decided(ctx, key, cost, maxWait, v, err, dims)
 }
 
 // decided is the outcome of a reservation of cost from key whose reply
@@ -295,11 +349,11 @@ func (s *scripted) adjust(ctx context.Context, script *script, key string, delta
 // debit whole, not cut to a burst, and owed again, not charged to the share
 // again, if Redis fails before it runs.
 func (s *scripted) adjustWith(ctx context.Context, script *script, key string, delta Cost, debt bool, head ...any) error {
-	keys, args, err := s.prepare(key, delta, false, debt, head...)
-	if err != nil || len(keys) == 0 {
+	argv, _, err := s.prepare(key, delta, false, debt, head...)
+	if err != nil || argv == nil {
 		return err
 	}
-	if err := s.run(ctx, script, keys, args...).Err(); err != nil {
+	if err := s.runArgv(ctx, script, argv).Err(); err != nil {
 		sh := s.fo.fallback(err)
 		switch {
 		case sh == nil:

@@ -7,8 +7,11 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,7 +34,12 @@ const maxGoroutines = 8
 // Redis bucket, and with one that leases (WithLeasing); a bare round trip
 // preceded by a Redis PING, which is what the Redis case may cost at most;
 // a Reserve alone; a PING alone. Limits are too high to throttle: this is
-// the cost of the machinery. Each reports p50 latency as p50-ns.
+// the cost of the machinery. Each reports p50 latency as p50-ns, and the
+// CPU this process spent per op (client and HTTP server) as cpu-us/op; a
+// case that calls Redis also reports redis-server's CPU per op
+// (redis-cpu-us/op, from INFO cpu) and, if it runs scripts, their calls
+// per op (scripts/op, from INFO commandstats). On two cores latency
+// follows the CPU a request costs in all three.
 func BenchmarkRoundTrip(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, `{"ok":true}`)
@@ -67,7 +75,7 @@ func benchRoundTrip(b *testing.B, url string, g int, newBase func() *http.Transp
 		timed := &timedBucket{Bucket: bucket.NewRedis(rdb, huge)}
 		tr := transport.New(base, transport.WithBucket(timed),
 			transport.WithKey(func(*http.Request) string { return key }))
-		benchParallel(b, g, roundTrip(tr, url))
+		onRedis(b, rdb, func() { benchParallel(b, g, roundTrip(tr, url)) })
 		// The one Redis round trip each request makes, timed in this run.
 		b.ReportMetric(float64(median(timed.lat).Nanoseconds()), "reserve-p50-ns")
 	})
@@ -82,7 +90,7 @@ func benchRoundTrip(b *testing.B, url string, g int, newBase func() *http.Transp
 		defer bk.Close()
 		tr := transport.New(base, transport.WithBucket(bk),
 			transport.WithKey(func(*http.Request) string { return key }))
-		benchParallel(b, g, roundTrip(tr, url))
+		onRedis(b, rdb, func() { benchParallel(b, g, roundTrip(tr, url)) })
 	})
 	b.Run("bare+ping", func(b *testing.B) {
 		// The target for "redis": a bare round trip after one Redis round
@@ -92,11 +100,13 @@ func benchRoundTrip(b *testing.B, url string, g int, newBase func() *http.Transp
 		base := newBase()
 		defer base.CloseIdleConnections()
 		rt := roundTrip(base, url)
-		benchParallel(b, g, func() error {
-			if err := rdb.Ping(context.Background()).Err(); err != nil {
-				return err
-			}
-			return rt()
+		onRedis(b, rdb, func() {
+			benchParallel(b, g, func() error {
+				if err := rdb.Ping(context.Background()).Err(); err != nil {
+					return err
+				}
+				return rt()
+			})
 		})
 	})
 	b.Run("redis-reserve", func(b *testing.B) {
@@ -104,15 +114,19 @@ func benchRoundTrip(b *testing.B, url string, g int, newBase func() *http.Transp
 		defer rdb.Close()
 		bk := bucket.NewRedis(rdb, huge)
 		key := fmt.Sprintf("bench-%d", time.Now().UnixNano())
-		benchParallel(b, g, func() error {
-			_, err := bk.Reserve(context.Background(), key, bucket.N(1), bucket.Unlimited)
-			return err
+		onRedis(b, rdb, func() {
+			benchParallel(b, g, func() error {
+				_, err := bk.Reserve(context.Background(), key, bucket.N(1), bucket.Unlimited)
+				return err
+			})
 		})
 	})
 	b.Run("redis-ping", func(b *testing.B) {
 		rdb := redis.NewClient(&redis.Options{Addr: redistest.Addr(b), PoolSize: 2 * maxGoroutines})
 		defer rdb.Close()
-		benchParallel(b, g, func() error { return rdb.Ping(context.Background()).Err() })
+		onRedis(b, rdb, func() {
+			benchParallel(b, g, func() error { return rdb.Ping(context.Background()).Err() })
+		})
 	})
 }
 
@@ -148,6 +162,7 @@ func benchParallel(b *testing.B, g int, op func() error) {
 		wg   sync.WaitGroup
 	)
 	b.ReportAllocs()
+	cpu := processCPU(b)
 	b.ResetTimer()
 	for range g {
 		wg.Go(func() {
@@ -167,9 +182,58 @@ func benchParallel(b *testing.B, g int, op func() error) {
 	}
 	wg.Wait()
 	b.StopTimer()
+	b.ReportMetric(float64((processCPU(b)-cpu).Microseconds())/float64(b.N), "cpu-us/op")
 	if len(all) > 0 {
 		b.ReportMetric(float64(median(all).Nanoseconds()), "p50-ns")
 	}
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// onRedis runs run, a benchParallel of b, and reports the CPU that rdb's
+// server spent per op, and its script calls per op if it ran any. The
+// server is this package's own (redistest): nothing else calls it while a
+// benchmark runs.
+func onRedis(b *testing.B, rdb *redis.Client, run func()) {
+	cpu0 := serverCPU(b, rdb)
+	calls0, _ := redistest.ScriptStats(b, rdb)
+	run()
+	calls1, _ := redistest.ScriptStats(b, rdb)
+	cpu1 := serverCPU(b, rdb)
+	// The warm-up op and the INFO calls are counted too: a few in b.N.
+	b.ReportMetric(float64((cpu1-cpu0).Microseconds())/float64(b.N), "redis-cpu-us/op")
+	if calls1 > calls0 {
+		b.ReportMetric(float64(calls1-calls0)/float64(b.N), "scripts/op")
+	}
+}
+
+// serverCPU is the CPU time rdb's server has used, user and system, from
+// INFO cpu.
+func serverCPU(b *testing.B, rdb *redis.Client) time.Duration {
+	info, err := rdb.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sum time.Duration
+	for line := range strings.Lines(info) {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if k != "used_cpu_user" && k != "used_cpu_sys" {
+			continue
+		}
+		sec, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			b.Fatalf("INFO cpu %q: %v", line, err)
+		}
+		sum += time.Duration(sec * float64(time.Second))
+	}
+	return sum
 }
 
 func median(d []time.Duration) time.Duration {

@@ -216,7 +216,9 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 		}
 		return nil, rep, true, err
 	}
-	holdSlot(ctx, resp, release)
+	if t.cfg.inflight != nil {
+		holdSlot(ctx, resp, release)
+	} // else release is noSlot: nothing to give back, and the body stays as it came
 	t.metrics.attempt(ctx, responseOutcome(resp.StatusCode))
 	now := t.cfg.now()
 	rep = read(resp, now)

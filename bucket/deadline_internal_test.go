@@ -1,0 +1,83 @@
+package bucket
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+type ctxKey struct{}
+
+// TestDeadlinesWithin: a call's context never ends later than its timeout,
+// nor more than deadlineGrain sooner, keeps the caller's values, and ends
+// when the caller's does.
+func TestDeadlinesWithin(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	var d deadlines
+	check := func(t *testing.T, ctx context.Context, cctx context.Context, before, after time.Time) {
+		t.Helper()
+		dl, ok := cctx.Deadline()
+		require.True(t, ok)
+		assert.False(t, dl.After(after.Add(timeout)), "never past the timeout")
+		assert.False(t, dl.Before(before.Add(timeout-deadlineGrain)), "at most a grain sooner")
+		assert.Equal(t, "v", cctx.Value(ctxKey{}), "the caller's values")
+		assert.NoError(t, cctx.Err())
+	}
+
+	t.Run("never cancelled", func(t *testing.T) {
+		ctx := context.WithValue(context.Background(), ctxKey{}, "v")
+		before := time.Now()
+		c1, cancel1 := d.within(ctx, time.Now(), timeout)
+		c2, cancel2 := d.within(ctx, time.Now(), timeout)
+		after := time.Now()
+		check(t, ctx, c1, before, after)
+		check(t, ctx, c2, before, after)
+		cancel1()
+		cancel2()
+		assert.NoError(t, c1.Err(), "ended by its deadline only: others share it")
+
+		// A shorter timeout never gets a later shared deadline.
+		before = time.Now()
+		c3, cancel3 := d.within(ctx, time.Now(), timeout/2)
+		defer cancel3()
+		dl, _ := c3.Deadline()
+		assert.False(t, dl.After(time.Now().Add(timeout/2)))
+		assert.False(t, dl.Before(before.Add(timeout/2-deadlineGrain)))
+
+		short, cancel4 := d.within(ctx, time.Now(), 20*time.Millisecond)
+		defer cancel4()
+		select {
+		case <-short.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("a shared deadline did not end its context")
+		}
+		assert.ErrorIs(t, short.Err(), context.DeadlineExceeded)
+		assert.False(t, time.Now().Before(func() time.Time { dl, _ := short.Deadline(); return dl }()))
+	})
+
+	t.Run("cancellable", func(t *testing.T) {
+		parent, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
+		before := time.Now()
+		cctx, done := d.within(parent, time.Now(), timeout)
+		defer done()
+		check(t, parent, cctx, before, time.Now())
+		cancel()
+		select {
+		case <-cctx.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("the caller's cancellation did not end the call's context")
+		}
+		assert.ErrorIs(t, cctx.Err(), context.Canceled)
+	})
+
+	t.Run("caller's deadline first", func(t *testing.T) {
+		parent, cancel := context.WithTimeout(context.WithValue(context.Background(), ctxKey{}, "v"), timeout/2)
+		defer cancel()
+		cctx, done := d.within(parent, time.Now(), timeout)
+		defer done()
+		assert.Equal(t, parent, cctx, "the caller's context bounds it already")
+	})
+}
