@@ -37,12 +37,13 @@ func capQueue(t *testing.T, b bucket.Bucket, key string) {
 
 // TestExpiredCapRefillsAtCapUntilItsEnd: capQueue's key, 12 s in. Until
 // the cap's end (10 s) the key refilled at 5/s, 50 of its debt of 90; the
-// 40 still owed were paced at the cap, so the cap counts on until they
-// are repaid, at 18 s: 30 owed at 12 s, and a call waits 6.2 s, after the
-// last paced slot. The key refilled the whole 12 s at 10/s and read full,
-// with 30 paced slots still to come; folded at the cap's end and refilled
-// at 10/s from then, it owed 20 and a call went at 14.1 s, before the
-// last 20 of them (TestCapEndBoundsTheFleet).
+// 40 still owed were paced at the cap, their last slot at 18 s, so they
+// are carried into ours at what they are worth at 10/s, 80, repaid at 18
+// s too: 60 owed at 12 s, and a call waits 6.1 s, after the last paced
+// slot. The key refilled the whole 12 s at 10/s and read full, with 30
+// paced slots still to come; with the 40 carried as 40, it owed 20 and a
+// call went at 14.1 s, before the last 20 of them
+// (TestCapEndBoundsTheFleet).
 func TestExpiredCapRefillsAtCapUntilItsEnd(t *testing.T) {
 	for _, be := range backends(t) {
 		t.Run(be.name, func(t *testing.T) {
@@ -50,10 +51,10 @@ func TestExpiredCapRefillsAtCapUntilItsEnd(t *testing.T) {
 			b := be.new(t, bucket.PerSecond(10))
 			capQueue(t, b, key)
 			be.advance(12 * time.Second)
-			assert.InDelta(t, -30, be.tokens(t, key)[bucket.Requests], 1e-3)
+			assert.InDelta(t, -60, be.tokens(t, key)[bucket.Requests], 1e-3)
 			r, err := b.Reserve(t.Context(), key, bucket.N(1), bucket.Unlimited)
 			require.NoError(t, err)
-			assert.InDelta(t, 6200*time.Millisecond, r.Delay, float64(time.Millisecond))
+			assert.InDelta(t, 6100*time.Millisecond, r.Delay, float64(time.Millisecond))
 		})
 	}
 }
@@ -88,7 +89,7 @@ func TestExpiredCapOutlivesItsRefill(t *testing.T) {
 }
 
 // TestReadsDuringCapChangeNothing: capQueue's key, read at 1 s, 5 s and
-// 9.5 s, still under the cap; at 12 s a call waits 6.2 s as it does with
+// 9.5 s, still under the cap; at 12 s a call waits 6.1 s as it does with
 // no read (TestExpiredCapRefillsAtCapUntilItsEnd). A Local read wrote
 // the key refilled to then, at the cap, and the end of the cap found
 // Local and the scripts apart: Local's key refilled from the read at 10/s
@@ -113,7 +114,7 @@ func TestReadsDuringCapChangeNothing(t *testing.T) {
 			r, err := b.Reserve(t.Context(), key, bucket.N(1), bucket.Unlimited)
 			require.NoError(t, err)
 			got[be.name] = r.Delay
-			assert.InDelta(t, 6200*time.Millisecond, r.Delay, float64(time.Millisecond))
+			assert.InDelta(t, 6100*time.Millisecond, r.Delay, float64(time.Millisecond))
 		})
 	}
 	assert.InDelta(t, got["local"], got["redis"], float64(time.Millisecond))
@@ -374,4 +375,50 @@ func TestCapEndBoundsTheFleet(t *testing.T) {
 			assert.LessOrEqual(t, worst, 1.0, "%.0f calls over Burst + Rate·T between %v and %v", worst, from, to)
 		})
 	}
+}
+
+// TestCapEndsUnderSteadyLoad: under 10/s (burst 10) a cap of 5/s (50 per
+// 10 s, no remaining) for 10 s, or a provider's bucket of 50 at 5/s (none
+// remaining), and callers at 8/s that wait at most 5 s.
+// The cap's time ends at 10 s; from then the key is at 10/s, more than
+// the callers ask, so once the slots reserved under the cap (at most 5 s
+// of them) have gone, from 15 s at the latest, every call is served. A
+// report that counts on while a debt taken under it is unpaid never ends
+// here: each call served adds to that debt at the cap's pace, faster than
+// it is repaid, and the key stays at 5/s for good (an end worked out anew
+// at each read from the debt, tried and taken back).
+func TestCapEndsUnderSteadyLoad(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		remaining float64
+	}{{"cap", -1}, {"provider", 0}} {
+		for _, be := range backends(t) {
+			t.Run(c.name+"/"+be.name, func(t *testing.T) {
+				steadyAfterCap(t, be, c.remaining)
+			})
+		}
+	}
+}
+
+// steadyAfterCap is TestCapEndsUnderSteadyLoad on be, with a report's
+// remaining (-1: none, a cap; else the provider's bucket).
+func steadyAfterCap(t *testing.T, be *controlled, remaining float64) {
+	ctx := t.Context()
+	key := "cap-steady-" + be.name
+	b := be.new(t, bucket.PerSecond(10))
+	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Quotas: map[string]adaptive.Quota{
+		bucket.Requests: {Limit: 50, Remaining: remaining, Window: 10 * time.Second}}}))
+	served, asked := 0, 0
+	for at := time.Duration(0); at < 60*time.Second; at += 125 * time.Millisecond {
+		r, err := b.Reserve(ctx, key, bucket.N(1), 5*time.Second)
+		require.NoError(t, err)
+		if at >= 30*time.Second {
+			asked++
+			if r.OK {
+				served++
+			}
+		}
+		be.advance(125 * time.Millisecond)
+	}
+	assert.Equal(t, asked, served, "calls served from 30 s to 60 s, at 8/s under 10/s, 50 s after the report's end")
 }

@@ -46,7 +46,10 @@ func (d *deadlines) within(ctx context.Context, now time.Time, timeout time.Dura
 		return context.WithDeadline(ctx, at)
 	}
 	sd := d.last.Load()
-	if sd == nil || sd.at.After(at) || at.Sub(sd.at) > deadlineGrain {
+	// A timeout shorter than two grains reuses one only within half of
+	// it, or a call could get a deadline already past
+	// (TestDeadlinesShortTimeout).
+	if sd == nil || sd.at.After(at) || at.Sub(sd.at) > min(deadlineGrain, timeout/2) {
 		sctx, cancel := context.WithDeadline(context.Background(), at)
 		sd = &sharedDeadline{ctx: sctx, at: at, cancel: cancel}
 		d.last.Store(sd)

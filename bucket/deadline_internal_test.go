@@ -81,3 +81,22 @@ func TestDeadlinesWithin(t *testing.T) {
 		assert.Equal(t, parent, cctx, "the caller's context bounds it already")
 	})
 }
+
+// TestDeadlinesShortTimeout: a timeout shorter than deadlineGrain
+// (WithRedisTimeout(500 µs), or the stretch of a fast local Redis) must
+// still leave a call some time: the shared deadline of a call begun
+// 0.9 ms before, with the same timeout, has passed when the next begins,
+// and that call would fail at once, a Redis failure, without being sent.
+func TestDeadlinesShortTimeout(t *testing.T) {
+	const timeout = 500 * time.Microsecond
+	var d deadlines
+	t0 := time.Now()
+	_, cancel1 := d.within(context.Background(), t0, timeout)
+	defer cancel1()
+	t1 := t0.Add(900 * time.Microsecond)
+	c2, cancel2 := d.within(context.Background(), t1, timeout)
+	defer cancel2()
+	dl, ok := c2.Deadline()
+	assert.True(t, ok)
+	assert.True(t, dl.After(t1), "the deadline of a call begun at %v is %v: past before it begins", t1.Sub(t0), dl.Sub(t0))
+}

@@ -726,10 +726,7 @@ func (l *Local) peek(key string, now time.Time) *localKey {
 func (l *Local) refill(k *localKey, now time.Time) {
 	if k.rate != nil {
 		for i, u := range k.reported {
-			if now.Before(u) || k.rate[i] == 0 && k.burst[i] == 0 {
-				continue // it counts; or none, or folded
-			}
-			if u = l.reportEnd(k, i, u, now); !now.Before(u) { // the report has run its time
+			if !now.Before(u) { // the report has run its time
 				l.fold(k, i, u, now)
 			}
 		}
@@ -762,43 +759,37 @@ func (l *Local) refill(k *localKey, now time.Time) {
 // k's tokens: they refilled at the rate and burst it gave until u, and
 // hold no more then than its provider's bucket, if any (what that was
 // owed at its end stays owed, in ours; a new life, since no waiter's place
-// there holds any more). From u they refill at ours: refill adds that
-// from k.last, so what it would add up to u is taken off here. Once: the
-// report's rate and burst go. l.mu must be held.
+// there holds any more). A debt then was paced at the report's rate (or
+// the provider's bucket's): its slots go out until it is repaid at that
+// pace. It is carried into ours at what it is worth at our rate, so that
+// it is repaid at the same moment, and no call reserved after the end
+// lands before the last of those slots (TestCapEndBoundsTheFleet). From u
+// they refill at ours: refill adds that from k.last, so what it would add
+// up to u is taken off here. Once: the report's rate and burst go. l.mu
+// must be held.
 func (l *Local) fold(k *localKey, i int, u, now time.Time) {
+	if k.rate[i] == 0 && k.burst[i] == 0 {
+		return // none, or folded
+	}
 	f := l.fraction(k, now)
 	d := max(u.Sub(k.last).Seconds(), 0)
-	tu := min(k.tokens[i]+d*l.rate(k, i, f), l.burst(k, i, f))
-	if pt, pr, pb, had := k.prov(i); had {
-		tu = min(tu, pt+d*pr, pb)
+	rc := l.rate(k, i, f)
+	tu := min(k.tokens[i]+d*rc, l.burst(k, i, f))
+	pt, pr, pb, had := k.prov(i)
+	k.rate[i], k.burst[i], k.provider[i] = 0, 0, math.NaN()
+	r := l.rate(k, i, f) // ours
+	if tu < 0 {
+		tu *= r / rc
+	}
+	if had {
+		p := min(pt+d*pr, pb)
+		if p < 0 {
+			p *= r / pr
+		}
+		tu = min(tu, p)
 		k.life++
 	}
-	k.rate[i], k.burst[i], k.provider[i] = 0, 0, math.NaN()
-	k.tokens[i] = tu - d*l.rate(k, i, f)
-}
-
-// reportEnd returns when dimension i's report, whose time ran out at u,
-// ends: at u, or while what was taken under it is still owed (a debt of
-// ours, or of its provider's bucket), once that is repaid at its pace.
-// The slots of that debt were paced at the report's rate: folded at u,
-// ours would refill faster from then and hand that to the calls after,
-// while those slots still went out (TestCapEndBoundsTheFleet). It is worked
-// out anew at each refill, from k's tokens as of k.last, in whole
-// microseconds, as the scripts do.
-func (l *Local) reportEnd(k *localKey, i int, u, now time.Time) time.Time {
-	from := u
-	if k.last.After(u) {
-		from = k.last
-	}
-	dt := from.Sub(k.last).Seconds()
-	var w float64 // seconds
-	if r := l.rate(k, i, l.fraction(k, now)); k.tokens[i]+dt*r < 0 {
-		w = -(k.tokens[i] + dt*r) / r
-	}
-	if pt, pr, _, had := k.prov(i); had && pt+dt*pr < 0 {
-		w = max(w, -(pt+dt*pr)/pr)
-	}
-	return from.Add(time.Duration(math.Ceil(w*1e6)) * time.Microsecond)
+	k.tokens[i] = tu - d*r
 }
 
 // add makes and keeps key's state as of now: full; or under a ColdStart policy
@@ -860,13 +851,8 @@ func (l *Local) sweep(now time.Time) {
 		}
 		if k.rate != nil {
 			// A report that has run its time leaves what it was owed in
-			// the tokens (advance): that is owed still. One that counts
-			// on while a debt taken under it is repaid (reportEnd) still
-			// matters.
+			// the tokens (advance): that is owed still.
 			k = l.advance(name, now, nil)
-			if slices.ContainsFunc(k.rate, nonZero) || slices.ContainsFunc(k.burst, nonZero) {
-				continue
-			}
 		}
 		full := true
 		elapsed := now.Sub(k.last).Seconds()

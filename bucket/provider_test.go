@@ -90,9 +90,10 @@ func TestUnbelievedQuotaPausesAsNone(t *testing.T) {
 // TestExpiredProviderBucketKeepsItsDebt: the provider's bucket (60 a
 // minute, 10 left, its report good for a minute) paces a queue 90 s deep;
 // when its report has run its time, what it was owed then stays owed, 30
-// calls' worth at 60 s, paced as its slots were, at 1/s (see
-// TestCapEndBoundsTheFleet): a call at 61 s waits 30 s, after the last of
-// them, not nothing (and not 2.1 s, as the debt repaid at the configured
+// calls' worth at 60 s, paced at 1/s until 90 s: carried into the key's
+// own bucket at what it is worth at the configured 10/s, 300, repaid at
+// 90 s too (see TestCapEndBoundsTheFleet), so a call at 61 s waits 29.1
+// s, after the last of them, not nothing (and not 2.1 s, as 30 repaid at
 // 10/s would have it, ahead of 27 paced slots).
 func TestExpiredProviderBucketKeepsItsDebt(t *testing.T) {
 	for _, be := range backends(t) {
@@ -108,7 +109,7 @@ func TestExpiredProviderBucketKeepsItsDebt(t *testing.T) {
 			be.advance(61 * time.Second)
 			r, err := b.Reserve(ctx, "expired", bucket.N(1), bucket.Unlimited)
 			require.NoError(t, err)
-			assert.InDelta(t, 30*time.Second, r.Delay, float64(time.Millisecond))
+			assert.InDelta(t, 29100*time.Millisecond, r.Delay, float64(time.Millisecond))
 		})
 	}
 }
@@ -177,7 +178,7 @@ func TestCountAfterDecreaseAlike(t *testing.T) {
 // the provider's bucket that has run its time: the key, in debt once
 // folded, looks full and is forgotten, and the next call finds it full
 // and goes at once. The scripts keep the hash (its expiry is past the
-// provider's bucket's refill) and the call waits 30 s.
+// provider's bucket's refill) and the call waits 29.1 s.
 func TestSweepKeepsProviderDebt(t *testing.T) {
 	clk := &fakeClock{t: epoch}
 	b := bucket.NewLocal(bucket.PerSecond(10), bucket.WithClock(clk))
@@ -197,7 +198,7 @@ func TestSweepKeepsProviderDebt(t *testing.T) {
 	require.NoError(t, err)
 	r, err := b.Reserve(ctx, "expired", bucket.N(1), bucket.Unlimited)
 	require.NoError(t, err)
-	assert.InDelta(t, 30*time.Second, r.Delay, float64(time.Millisecond),
+	assert.InDelta(t, 29100*time.Millisecond, r.Delay, float64(time.Millisecond),
 		"the provider's debt must survive a sweep")
 }
 

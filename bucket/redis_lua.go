@@ -155,25 +155,6 @@ local function refill(key, rate, burst, f, first)
   local pin
   rate, burst, pin = pinned(s, rate, burst)
   local crate, cburst = rate, burst
-  if s[6] and s[1] and (s[4] or s[5]) and tonumber(s[6]) <= now then
-    -- The report's time has run, but it counts on while what was taken
-    -- under it is still owed, until that is repaid at its pace
-    -- (Local.reportEnd): worked out anew at each read, from t as of ts.
-    local ts = tonumber(s[2])
-    local from = math.max(tonumber(s[6]), ts)
-    local dt = from - ts
-    local rr = crate
-    if s[4] and not (s[7] and s[5] and tonumber(s[5]) / 1e6 > cburst) then rr = math.min(rr, tonumber(s[4]) / 1e6) end
-    rr = rr * f
-    local w = 0
-    local own = tonumber(s[1]) + dt * rr
-    if own < 0 then w = -own / rr end
-    if s[7] and s[4] and s[5] then
-      local p = tonumber(s[7]) + dt * tonumber(s[4]) / 1e6
-      if p < 0 then w = math.max(w, -p * 1e6 / tonumber(s[4])) end
-    end
-    s[6] = from + math.ceil(w)
-  end
   local learnt = s[6] and tonumber(s[6]) > now
   local pr, pb
   if learnt then
@@ -201,9 +182,14 @@ local function refill(key, rate, burst, f, first)
     if s[4] and not (s[7] and s[5] and tonumber(s[5]) / 1e6 > cburst) then rr = math.min(rr, tonumber(s[4]) / 1e6) end
     if s[5] then rb = math.min(rb, tonumber(s[5]) / 1e6) end
     local tu = math.min(rb * f * 1e6, tonumber(s[1]) + d * rr * f)
+    -- a debt then, paced at the report's rate, is carried into ours at
+    -- what it is worth at our rate: repaid at the same moment
+    if tu < 0 then tu = tu * rate / (rr * f) end
     folds[key] = false
     if s[7] and s[4] and s[5] then
-      tu = math.min(tu, tonumber(s[5]), tonumber(s[7]) + d * tonumber(s[4]) / 1e6)
+      local p = math.min(tonumber(s[5]), tonumber(s[7]) + d * tonumber(s[4]) / 1e6)
+      if p < 0 then p = p * rate * 1e6 / tonumber(s[4]) end
+      tu = math.min(tu, p)
       folds[key] = true
     end
     s[1], s[7] = math.floor(tu - d * rate + 0.5), nil
