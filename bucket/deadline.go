@@ -67,3 +67,8 @@ type boundCtx struct {
 func (c boundCtx) Deadline() (time.Time, bool) { return c.timer.Deadline() }
 func (c boundCtx) Done() <-chan struct{}       { return c.timer.Done() }
 func (c boundCtx) Err() error                  { return c.timer.Err() }
+
+// AfterFunc lets a context derived from c (context.WithCancel, as a
+// client's command may make) follow c's end without a goroutine of its
+// own to watch it.
+func (c boundCtx) AfterFunc(f func()) func() bool { return context.AfterFunc(c.timer, f) }

@@ -2,6 +2,7 @@ package bucket
 
 import (
 	"context"
+	"runtime"
 	"testing"
 	"time"
 
@@ -99,4 +100,22 @@ func TestDeadlinesShortTimeout(t *testing.T) {
 	dl, ok := c2.Deadline()
 	assert.True(t, ok)
 	assert.True(t, dl.After(t1), "the deadline of a call begun at %v is %v: past before it begins", t1.Sub(t0), dl.Sub(t0))
+}
+
+// TestDerivedFromSharedDeadline: a context derived from a shared deadline
+// (WithCancel) ends with it, and starts no goroutine to watch it.
+func TestDerivedFromSharedDeadline(t *testing.T) {
+	var d deadlines
+	c, cancel := d.within(context.Background(), time.Now(), 20*time.Millisecond)
+	defer cancel()
+	before := runtime.NumGoroutine()
+	derived, stop := context.WithCancel(c)
+	defer stop()
+	assert.Equal(t, before, runtime.NumGoroutine(), "no goroutine watches the shared deadline")
+	select {
+	case <-derived.Done():
+		assert.ErrorIs(t, derived.Err(), context.DeadlineExceeded)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the derived context outlived the deadline")
+	}
 }
