@@ -1,6 +1,7 @@
 package bucket_test
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -204,14 +205,17 @@ func TestExpiredProviderBucketCapsUntilItsEnd(t *testing.T) {
 
 // decreasedCapDebt decreases key (10 per 10 s, under a law that recovers
 // in 1200 s, additively: a 429 cuts it to 0.7 and pauses it a second),
-// caps it at 5 per 10 s (no remaining: 0.5/s, 10 s) and drains it 200 deep
-// (20 calls of 10 taken at once), so that its refill over the next
-// minutes, at a fraction that recovers meanwhile, never reaches its burst.
-func decreasedCapDebt(t *testing.T, b bucket.Bucket, key string) {
+// caps it at 5 per 10 s (no remaining: 0.5/s, 10 s) if capped, and drains
+// it 590 deep (60 calls of 10 taken at once), so that its refill over the
+// next minutes, at a fraction that recovers meanwhile, never reaches its
+// burst.
+func decreasedCapDebt(t *testing.T, b bucket.Bucket, key string, capped bool) {
 	t.Helper()
 	ctx := t.Context()
-	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Quotas: map[string]adaptive.Quota{
-		bucket.Requests: {Limit: 5, Remaining: -1, Window: 10 * time.Second}}}))
+	if capped {
+		require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Quotas: map[string]adaptive.Quota{
+			bucket.Requests: {Limit: 5, Remaining: -1, Window: 10 * time.Second}}}))
+	}
 	require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, Epoch: 1 << 40}))
 	for range 60 {
 		r, err := b.Reserve(ctx, key, bucket.N(10), bucket.Unlimited)
@@ -238,7 +242,7 @@ func TestReadAfterCapAtRecoveringFraction(t *testing.T) {
 		t.Run(be.name, func(t *testing.T) {
 			key := "cap-read-" + be.name
 			b := be.new(t, bucket.Limit{Rate: 1, Burst: 10}, bucket.WithPolicy(decreasedPolicy))
-			decreasedCapDebt(t, b, key)
+			decreasedCapDebt(t, b, key, true)
 			be.advance(20 * time.Second)
 			first := be.tokens(t, key)[bucket.Requests]
 			be.advance(300 * time.Second)
@@ -250,56 +254,31 @@ func TestReadAfterCapAtRecoveringFraction(t *testing.T) {
 	assert.InDelta(t, got["local"][1], got["redis"][1], 1e-3, "the second read")
 }
 
-// TestRefusalAfterCapAtRecoveringFraction: as
-// TestReadAfterCapAtRecoveringFraction, with a refused call (max wait
-// 0) in place of the first read: a refusal takes nothing, and Local and
-// the scripts must then hold the same.
-func TestRefusalAfterCapAtRecoveringFraction(t *testing.T) {
-	got := map[string]float64{}
-	for _, be := range backends(t) {
-		t.Run(be.name, func(t *testing.T) {
-			key := "cap-refused-" + be.name
-			b := be.new(t, bucket.Limit{Rate: 1, Burst: 10}, bucket.WithPolicy(decreasedPolicy))
-			decreasedCapDebt(t, b, key)
-			be.advance(20 * time.Second)
-			r, err := b.Reserve(t.Context(), key, bucket.N(1), 0)
-			require.NoError(t, err)
-			require.False(t, r.OK)
-			be.advance(300 * time.Second)
-			got[be.name] = be.tokens(t, key)[bucket.Requests]
-		})
-	}
-	t.Logf("local %v, redis %v", got["local"], got["redis"])
-	assert.InDelta(t, got["local"], got["redis"], 1e-3)
-}
-
-// TestRefusalAtRecoveringFraction: no cap. A decreased key drained 200
-// deep is refused a call 20 s in and read 300 s later. Local's refusal
-// wrote the key refilled to then at the fraction then; the scripts' wrote
-// nothing, and refill the whole 320 s at the later fraction.
+// TestRefusalAtRecoveringFraction: decreasedCapDebt's key, capped or
+// not, is refused a call (max wait 0) 20 s in and read 300 s later. A
+// refusal takes nothing, and Local and the scripts must then hold the
+// same: Local's refusal wrote the key refilled to then at the fraction
+// then, the scripts' wrote nothing, and refilled the whole 320 s at the
+// later fraction (as TestReadAfterCapAtRecoveringFraction's first read).
 func TestRefusalAtRecoveringFraction(t *testing.T) {
-	got := map[string]float64{}
-	for _, be := range backends(t) {
-		t.Run(be.name, func(t *testing.T) {
-			ctx := t.Context()
-			key := "refused-" + be.name
-			b := be.new(t, bucket.Limit{Rate: 1, Burst: 10}, bucket.WithPolicy(decreasedPolicy))
-			require.NoError(t, b.Observe(ctx, key, adaptive.Feedback{Class: adaptive.RateLimited, Epoch: 1 << 40}))
-			for range 60 {
-				r, err := b.Reserve(ctx, key, bucket.N(10), bucket.Unlimited)
+	for _, capped := range []bool{false, true} {
+		got := map[string]float64{}
+		for _, be := range backends(t) {
+			t.Run(fmt.Sprintf("capped=%v/%s", capped, be.name), func(t *testing.T) {
+				key := fmt.Sprintf("refused-%v-%s", capped, be.name)
+				b := be.new(t, bucket.Limit{Rate: 1, Burst: 10}, bucket.WithPolicy(decreasedPolicy))
+				decreasedCapDebt(t, b, key, capped)
+				be.advance(20 * time.Second)
+				r, err := b.Reserve(t.Context(), key, bucket.N(1), 0)
 				require.NoError(t, err)
-				require.True(t, r.OK)
-			}
-			be.advance(20 * time.Second)
-			r, err := b.Reserve(ctx, key, bucket.N(1), 0)
-			require.NoError(t, err)
-			require.False(t, r.OK)
-			be.advance(300 * time.Second)
-			got[be.name] = be.tokens(t, key)[bucket.Requests]
-		})
+				require.False(t, r.OK)
+				be.advance(300 * time.Second)
+				got[be.name] = be.tokens(t, key)[bucket.Requests]
+			})
+		}
+		t.Logf("capped %v: local %v, redis %v", capped, got["local"], got["redis"])
+		assert.InDelta(t, got["local"], got["redis"], 1e-3, "capped %v", capped)
 	}
-	t.Logf("local %v, redis %v", got["local"], got["redis"])
-	assert.InDelta(t, got["local"], got["redis"], 1e-3)
 }
 
 // TestLeaseOfCappedKey: a lease (WithLeasing) of a key a report
