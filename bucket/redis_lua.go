@@ -75,6 +75,13 @@ local held = false -- a dimension is held below this process's limit (see pinned
 local pinLive = false -- a dimension read has a pin that holds (see pinned)
 local folds = {} -- by dimension key, a report's end refill folded and store is to write (see fold)
 
+-- In a batch (see reserveScript), a dimension's fields, as refill reads
+-- them (HMGET), are kept for the rest of the script, by dimension key, and
+-- follow what store and fold write of them: the reservations after the
+-- first read no hash. Elsewhere read is nil: a script that reads a key
+-- once keeps nothing.
+local read
+
 -- pinned returns the rate and burst a dimension has: this process's own,
 -- or lower ones that another process of the fleet has used within a hold
 -- (the limit's refill time, 1 to 60 s): cr until crx, cb until cbx, each
@@ -151,7 +158,12 @@ local function refill(key, rate, burst, f, first)
   if exact then
     rate, f = -rate, 1
   end
-  local s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx', 'p', 'cr', 'crx', 'cb', 'cbx')
+  local s = read and read[key]
+  if not s then
+    s = redis.call('HMGET', key, 't', 'ts', 'x', 'r', 'b', 'rx', 'p', 'cr', 'crx', 'cb', 'cbx')
+    if read then read[key] = s end
+  end
+  local s1, s7 = s[1], s[7] -- the tokens and the provider's, less a fold (not written here)
   local pin
   rate, burst, pin = pinned(s, rate, burst)
   local crate, cburst = rate, burst
@@ -166,7 +178,7 @@ local function refill(key, rate, burst, f, first)
     if s[5] then burst = math.min(burst, tonumber(s[5]) / 1e6) end
   end
   rate, burst = rate * f, burst * f
-  if s[6] and s[1] and (s[4] or s[5]) and not learnt then
+  if s[6] and s1 and (s[4] or s[5]) and not learnt then
     -- The report has run its time (Local.fold): ours refilled at the rate
     -- and burst it gave until its end, and holds no more than its
     -- provider's bucket, if any, held then (what that was owed at its end
@@ -181,7 +193,7 @@ local function refill(key, rate, burst, f, first)
     local rr, rb = crate, cburst
     if s[4] and not (s[7] and s[5] and tonumber(s[5]) / 1e6 > cburst) then rr = math.min(rr, tonumber(s[4]) / 1e6) end
     if s[5] then rb = math.min(rb, tonumber(s[5]) / 1e6) end
-    local tu = math.min(rb * f * 1e6, tonumber(s[1]) + d * rr * f)
+    local tu = math.min(rb * f * 1e6, tonumber(s1) + d * rr * f)
     -- a debt then, paced at the report's rate, is carried into ours at
     -- what it is worth at our rate: repaid at the same moment
     if tu < 0 then tu = tu * rate / (rr * f) end
@@ -192,9 +204,9 @@ local function refill(key, rate, burst, f, first)
       tu = math.min(tu, p)
       folds[key] = true
     end
-    s[1], s[7] = math.floor(tu - d * rate + 0.5), nil
+    s1, s7 = math.floor(tu - d * rate + 0.5), nil
   end
-  if not s[1] then
+  if not s1 then
     local tk = burst
     if cold and not exact then tk = math.min(burst, first) end
     return rate, burst, tk, now, 0, false, nil, nil, nil, nil, pin, crate, cburst, crate * f, cburst * f
@@ -206,10 +218,10 @@ local function refill(key, rate, burst, f, first)
     ts = now
   end
   local el = math.max(0, now - ts)
-  local tk = math.min(burst, (tonumber(s[1]) + el * rate) / 1e6)
+  local tk = math.min(burst, (tonumber(s1) + el * rate) / 1e6)
   local pt
   if pr then
-    pt = math.min(pb, (tonumber(s[7]) + el * pr) / 1e6)
+    pt = math.min(pb, (tonumber(s7) + el * pr) / 1e6)
   end
   return rate, burst, tk, math.max(now, ts), tonumber(s[3]) or 0, learnt, pr, pb, pt, rx, pin, crate, cburst, crate * f, cburst * f
 end
@@ -224,6 +236,8 @@ local function fold(key)
   end
   folds[key] = nil
   redis.call('HDEL', key, 'p', 'r', 'b')
+  local s = read and read[key]
+  if s then s[4], s[5], s[7] = false, false, false end
   if life then
     redis.call('HINCRBY', key, 'i', 1)
   end
@@ -238,12 +252,20 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, arate, ab
   fold(key)
   local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
   local pinx = 0
+  local s = read and read[key] -- kept (see refill)
   if pin then
     redis.call('HSET', key, unpack(pin))
+    for j = 1, s and #pin or 0, 4 do
+      local o = 10 -- cb, cbx
+      if pin[j] == 'cr' then o = 8 end
+      s[o], s[o+1] = pin[j+1], pin[j+3]
+    end
     pinx = pin[4] -- the hash outlives its pin
   end
   if pt then
-    redis.call('HSET', key, 'p', math.floor(pt * 1e6 + 0.5))
+    local p = math.floor(pt * 1e6 + 0.5)
+    redis.call('HSET', key, 'p', p)
+    if s then s[7] = p end
     full = math.max(full, at + math.ceil((pb - pt) * 1e6 / pr) + 1e6)
   end
   if rx then
@@ -273,6 +295,7 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, arate, ab
   else
     redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at)
   end
+  if s then s[1], s[2], s[3] = math.floor(tk * 1e6 + 0.5), at, x end
 end
 
 -- deficit returns how long, in microseconds after at, tokens tk (which may
@@ -425,8 +448,11 @@ local function reserve(wmax, o, step)
   return {wait, epoch}
 end
 
+if #ARGV > 3 + 3*k then
+  read = {} -- a batch (see refill)
+end
 local first = reserve(tonumber(ARGV[1]), 3, 3)
-if #ARGV == 3 + 3*k then
+if not read then
   return first
 end
 local out = {first}
