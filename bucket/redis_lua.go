@@ -68,8 +68,8 @@ package bucket
 const luaCommon = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
-local span, law = tonumber(ARGV[2]), tonumber(ARGV[3]) % 2
-local cold = tonumber(ARGV[3]) >= 2
+local span, flags = tonumber(ARGV[2]), tonumber(ARGV[3])
+local law, cold = flags % 2, flags >= 2
 local pausedTo = now -- the latest a dimension's ts may be (see above)
 local held = false -- a dimension is held below this process's limit (see pinned)
 local pinLive = false -- a dimension read has a pin that holds (see pinned)
@@ -82,6 +82,27 @@ local folds = {} -- by dimension key, a report's end refill folded and store is 
 -- once keeps nothing.
 local read
 
+-- pinOne is pinned's of one limit: own, or v while it holds (until vx),
+-- adding to pin (made if nil) the fields f and fx to write, if any.
+local function pinOne(pin, v, vx, own, f, fx, hold)
+  local u = math.floor(own * 1e6 + 0.5)
+  v, vx = tonumber(v), tonumber(vx)
+  if v and vx and vx > now then
+    pinLive = true
+    if u > v then
+      held = true
+      return v / 1e6, pin
+    end
+    if u == v and vx - now >= hold / 2 then
+      return own, pin -- refreshed by another not long ago
+    end
+  end
+  pin = pin or {}
+  local n = #pin
+  pin[n+1], pin[n+2], pin[n+3], pin[n+4] = f, u, fx, now + hold
+  return own, pin
+end
+
 -- pinned returns the rate and burst a dimension has: this process's own,
 -- or lower ones that another process of the fleet has used within a hold
 -- (the limit's refill time, 1 to 60 s): cr until crx, cb until cbx, each
@@ -91,29 +112,9 @@ local read
 -- if any.
 local function pinned(s, rate, burst)
   local hold = math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)
-  local pin, n = {}, 0
-  local function one(v, vx, own, f, fx)
-    local u = math.floor(own * 1e6 + 0.5)
-    v, vx = tonumber(v), tonumber(vx)
-    if v and vx and vx > now then
-      pinLive = true
-      if u > v then
-        held = true
-        return v / 1e6
-      end
-      if u == v and vx - now >= hold / 2 then
-        return own -- refreshed by another not long ago
-      end
-    end
-    pin[n+1], pin[n+2], pin[n+3], pin[n+4] = f, u, fx, now + hold
-    n = n + 4
-    return own
-  end
-  rate = one(s[8], s[9], rate, 'cr', 'crx')
-  burst = one(s[10], s[11], burst, 'cb', 'cbx')
-  if n == 0 then
-    pin = nil
-  end
+  local pin
+  rate, pin = pinOne(pin, s[8], s[9], rate, 'cr', 'crx', hold)
+  burst, pin = pinOne(pin, s[10], s[11], burst, 'cb', 'cbx', hold)
   return rate, burst, pin
 end
 
@@ -309,9 +310,9 @@ end
 
 `
 
-// luaPlace defines credit and place, for the scripts that keep or read a
-// waiter's place (see place in bucket.go).
-const luaPlace = `
+// luaCredit defines credit, for the scripts that credit a waiter's place
+// (see place in bucket.go), and luaPlace place, for those that read one.
+const luaCredit = `
 -- credit adds d tokens to a dimension's credit field (f or fp). A credit
 -- that leaves the integers a double holds exactly starts again from 0,
 -- with a new life (i), so that no waiter reads a difference across it.
@@ -329,6 +330,9 @@ local function credit(key, field, d)
   end
 end
 
+`
+
+const luaPlace = `
 -- place appends to out what a waiter's slot rests on in a dimension: for
 -- its tokens, the wait from now until tk reaches 0 at rate, its credit,
 -- the rate in millionths per second and the wait until at (a pause's end);
@@ -466,7 +470,7 @@ return out
 // negative amount refunds, never above burst). ARGV[1] is 1 if the delta
 // is a served call's (Settle): a refund is then credited (see place in
 // bucket.go); a debit always is, negative.
-var adjustScript = newScript(luaCommon + luaPlace + `
+var adjustScript = newScript(luaCommon + luaCredit + `
 local f = fraction(span, law)
 local served = ARGV[1] == '1'
 for i = 1, #KEYS - 1 do
@@ -539,7 +543,7 @@ return out
 // unknown), the rate and the burst it reported (0: unknown), and for how
 // long those count in microseconds. It replies 1 if it decreased the rate,
 // plus 2 if it set or lengthened a pause.
-var observeScript = newScript(luaCommon + luaPlace + `
+var observeScript = newScript(luaCommon + luaCredit + `
 local f, epoch, d, a = fraction(span, law)
 local nf, changed = f, 0
 if ARGV[1] == '2' then
