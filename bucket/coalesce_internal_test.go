@@ -155,10 +155,11 @@ func batchMatchesSerial(t *testing.T, r *Redis, serialKey, batchKey string) map[
 	tb, err := r.Tokens(ctx, batchKey)
 	require.NoError(t, err)
 	assert.Equal(t, ts, tb)
-	// and the same hash, but for the time it was made (its life, i)
-	hs, hb := rdb.HGetAll(ctx, r.scripted.dimKey(r.scripted.baseKey(serialKey), Requests)).Val(), rdb.HGetAll(ctx, r.scripted.dimKey(r.scripted.baseKey(batchKey), Requests)).Val()
-	delete(hs, "i")
-	delete(hb, "i")
-	assert.Equal(t, hs, hb)
+	// and the same hashes
+	for _, d := range []string{Requests, Tokens} {
+		hs := rdb.HGetAll(ctx, r.scripted.dimKey(r.scripted.baseKey(serialKey), d)).Val()
+		hb := rdb.HGetAll(ctx, r.scripted.dimKey(r.scripted.baseKey(batchKey), d)).Val()
+		assert.Equal(t, hs, hb, d)
+	}
 	return kinds
 }
