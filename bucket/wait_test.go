@@ -190,7 +190,9 @@ func TestWaitCancelledRefunds(t *testing.T) {
 // no more than Burst + Rate*T, and at least 95% of what they could take:
 // Burst + Rate*T less what the key lost while no goroutine called it for
 // longer than it takes to fill (a loaded machine may deschedule them all;
-// it failed once with 147 admitted of 1,180 required).
+// it failed once with 147 admitted of 1,180 required), and all it refilled
+// after the last call (T ends when the goroutines have all returned, which
+// on a loaded machine can be well after their last call).
 func TestLocalConservation(t *testing.T) {
 	lim := bucket.Limit{Rate: 200, Burst: 50}
 	b := bucket.NewLocal(lim)
@@ -218,8 +220,8 @@ func TestLocalConservation(t *testing.T) {
 	wg.Wait()
 	span := time.Since(start)
 	bound := lim.Burst + lim.Rate*span.Seconds()
-	lost := lim.Rate * time.Duration(lostNs.Load()+max(int64(span)-last.Load()-int64(fill), 0)).Seconds()
-	t.Logf("admitted %d, bound %.1f, lost to gaps in the calls %.1f", admitted.Load(), bound, lost)
+	lost := lim.Rate * time.Duration(lostNs.Load()+int64(span)-last.Load()).Seconds()
+	t.Logf("admitted %d, bound %.1f, lost to gaps in the calls and after the last %.1f", admitted.Load(), bound, lost)
 	assert.LessOrEqual(t, float64(admitted.Load()), bound+1)
 	assert.GreaterOrEqual(t, float64(admitted.Load()), 0.95*(bound-lost))
 }
