@@ -78,8 +78,11 @@ local folds = {} -- by dimension key, a report's end refill folded and store is 
 -- In a batch (see reserveScript), a dimension's fields, as refill reads
 -- them (HMGET), are kept for the rest of the script, by dimension key, and
 -- follow what store and fold write of them: the reservations after the
--- first read no hash. Elsewhere read is nil: a script that reads a key
--- once keeps nothing.
+-- first read no hash, and what store writes goes to Redis once, at the
+-- batch's end (flush). A kept field i that store wrote has i + 100 set:
+-- 101 t and ts, 103 x (and the expiry), 107 p, 108 cr and crx, 110 cb and
+-- cbx. Elsewhere read is nil: a script that reads a key once keeps
+-- nothing, and store writes at once.
 local read
 
 -- pinOne is pinned's of one limit: own, or v while it holds (until vx),
@@ -238,7 +241,7 @@ local function fold(key)
   folds[key] = nil
   redis.call('HDEL', key, 'p', 'r', 'b')
   local s = read and read[key]
-  if s then s[4], s[5], s[7] = false, false, false end
+  if s then s[4], s[5], s[7], s[107] = false, false, false, nil end
   if life then
     redis.call('HINCRBY', key, 'i', 1)
   end
@@ -253,20 +256,26 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, arate, ab
   fold(key)
   local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
   local pinx = 0
-  local s = read and read[key] -- kept (see refill)
+  local s = read and read[key] -- in a batch: kept, and written at its end (see read)
   if pin then
-    redis.call('HSET', key, unpack(pin))
-    for j = 1, s and #pin or 0, 4 do
-      local o = 10 -- cb, cbx
-      if pin[j] == 'cr' then o = 8 end
-      s[o], s[o+1] = pin[j+1], pin[j+3]
+    if s then
+      for j = 1, #pin, 4 do
+        local o = 10 -- cb, cbx
+        if pin[j] == 'cr' then o = 8 end
+        s[o], s[o+1], s[o+100] = pin[j+1], pin[j+3], true
+      end
+    else
+      redis.call('HSET', key, unpack(pin))
     end
     pinx = pin[4] -- the hash outlives its pin
   end
   if pt then
     local p = math.floor(pt * 1e6 + 0.5)
-    redis.call('HSET', key, 'p', p)
-    if s then s[7] = p end
+    if s then
+      s[7], s[107] = p, true
+    else
+      redis.call('HSET', key, 'p', p)
+    end
     full = math.max(full, at + math.ceil((pb - pt) * 1e6 / pr) + 1e6)
   end
   if rx then
@@ -291,12 +300,18 @@ local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, arate, ab
       redis.call('HSET', key, 'i', now)
     end
     x = math.max(full + math.ceil(math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)), pinx)
-    redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at, 'x', x)
-    redis.call('PEXPIREAT', key, math.ceil(x / 1000))
-  else
+    if s then
+      s[103] = true
+    else
+      redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at, 'x', x)
+      redis.call('PEXPIREAT', key, math.ceil(x / 1000))
+    end
+  elseif not s then
     redis.call('HSET', key, 't', math.floor(tk * 1e6 + 0.5), 'ts', at)
   end
-  if s then s[1], s[2], s[3] = math.floor(tk * 1e6 + 0.5), at, x end
+  if s then
+    s[1], s[2], s[3], s[101] = math.floor(tk * 1e6 + 0.5), at, x, true
+  end
 end
 
 -- deficit returns how long, in microseconds after at, tokens tk (which may
@@ -452,8 +467,25 @@ local function reserve(wmax, o, step)
   return {wait, epoch}
 end
 
+-- flush writes what the batch's stores kept (see read): a hash's fields
+-- in one HSET, then its expiry if that moved.
+local function flush()
+  for key, s in pairs(read) do
+    if s[101] then
+      local w = {'t', s[1], 'ts', s[2], 'x', s[3]}
+      if s[107] then w[#w+1], w[#w+2] = 'p', s[7] end
+      if s[108] then w[#w+1], w[#w+2], w[#w+3], w[#w+4] = 'cr', s[8], 'crx', s[9] end
+      if s[110] then w[#w+1], w[#w+2], w[#w+3], w[#w+4] = 'cb', s[10], 'cbx', s[11] end
+      redis.call('HSET', key, unpack(w))
+      if s[103] then
+        redis.call('PEXPIREAT', key, math.ceil(s[3] / 1000))
+      end
+    end
+  end
+end
+
 if #ARGV > 3 + 3*k then
-  read = {} -- a batch (see refill)
+  read = {} -- a batch (see read)
 end
 local first = reserve(tonumber(ARGV[1]), 3, 3)
 if not read then
@@ -463,6 +495,7 @@ local out = {first}
 for o = 4 + 3*k, #ARGV, k + 1 do
   out[#out+1] = reserve(tonumber(ARGV[o]), o, 1)
 end
+flush()
 return out
 `)
 
