@@ -184,41 +184,7 @@ func TestBatchMatchesSerialRandomized(t *testing.T) {
 			require.NoError(t, err)
 			batch[i] = &pending{ctx: ctx, cost: costs[i], maxWait: waits[i], amounts: a}
 		}
-		charged := make([]bool, len(r.dims))
-		for _, p := range batch {
-			for i, a := range p.amounts {
-				charged[i] = charged[i] || a != nil
-			}
-		}
-		base := r.baseKey(bk)
-		keys := []string{base}
-		k := 0
-		for i, d := range r.dims {
-			if charged[i] {
-				keys = append(keys, r.dimKey(base, d.name))
-				k++
-			}
-		}
-		amount := func(p *pending, i int) any {
-			if a := p.amounts[i]; a != nil {
-				return a
-			}
-			return smallAmounts[0]
-		}
-		args := []any{waitArg(batch[0].maxWait), r.span, flags}
-		for i := range r.dims {
-			if charged[i] {
-				args = append(args, r.param[i], r.dims[i].burst, amount(batch[0], i))
-			}
-		}
-		for _, p := range batch[1:] {
-			args = append(args, waitArg(p.maxWait))
-			for i := range r.dims {
-				if charged[i] {
-					args = append(args, amount(p, i))
-				}
-			}
-		}
+		keys, args := r.batchArgs(bk, batch, flags)
 		v, err := r.scripted.run(ctx, reserveScript, keys, args...).Result()
 		desc := fmt.Sprintf("trial %d cfg %+v cold %v setup %v costs %v waits %v", trial, c, cold, log, costs, waits)
 		ok := true
@@ -257,7 +223,7 @@ func TestBatchMatchesSerialRandomized(t *testing.T) {
 			kinds["cold"]++
 		}
 		for _, d := range dimNames(r) {
-			h := rdb.HGetAll(ctx, r.dimKey(base, d)).Val()
+			h := rdb.HGetAll(ctx, r.dimKey(keys[0], d)).Val()
 			if strings.Contains(h["crx"]+h["cbx"]+h["x"], ".") {
 				kinds["fractional"]++
 			}

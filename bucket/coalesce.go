@@ -250,10 +250,36 @@ func (r *Redis) runBatch(key string, batch []*pending) {
 		p.r, p.place, p.by, p.err = r.scripted.reserveBy(p.ctx, reserveScript, key, p.cost, p.maxWait, r.span, r.flags())
 		return
 	}
-	// KEYS: the state, then each dimension that a reservation charges.
-	// ARGV: the first's maxWait, the span, the flags, and a triple per
-	// dimension key (its amount 0 where it charges none); then for each
-	// other, its maxWait and its amount for each dimension key.
+	keys, args := r.batchArgs(key, live, r.flags())
+	// The call is the batch's, not its first caller's: that one leaving
+	// must not fail the others (each leaves by itself, see reserveBy).
+	v, err := r.run(context.WithoutCancel(self.ctx), reserveScript, keys, args...).Result()
+	replies, ok := v.([]any)
+	if err == nil && (!ok || len(replies) != len(live)) {
+		err = fmt.Errorf("unexpected reply %v", v)
+	}
+	for i, p := range live {
+		dims := 0
+		for _, a := range p.amounts {
+			if a != nil {
+				dims++
+			}
+		}
+		var reply any
+		if err == nil {
+			reply = replies[i]
+		}
+		p.r, p.place, p.by, p.err = r.decided(p.ctx, key, p.cost, p.maxWait, reply, err, dims)
+	}
+}
+
+// batchArgs returns the KEYS and ARGV of the reserve script for the
+// reservations live of key, in order, under flags. KEYS: the state, then
+// each dimension that a reservation charges. ARGV: the first's maxWait,
+// the span, the flags, and a triple per dimension key (its amount 0 where
+// it charges none); then for each other, its maxWait and its amount for
+// each dimension key.
+func (r *Redis) batchArgs(key string, live []*pending, flags any) ([]string, []any) {
 	charged := make([]bool, len(r.dims))
 	for _, p := range live {
 		for i, a := range p.amounts {
@@ -277,7 +303,7 @@ func (r *Redis) runBatch(key string, batch []*pending) {
 		return smallAmounts[0]
 	}
 	args := make([]any, 0, 3+3*k+(len(live)-1)*(k+1))
-	args = append(args, waitArg(live[0].maxWait), r.span, r.flags())
+	args = append(args, waitArg(live[0].maxWait), r.span, flags)
 	for i := range r.dims {
 		if charged[i] {
 			args = append(args, r.param[i], r.dims[i].burst, amount(live[0], i))
@@ -291,24 +317,5 @@ func (r *Redis) runBatch(key string, batch []*pending) {
 			}
 		}
 	}
-	// The call is the batch's, not its first caller's: that one leaving
-	// must not fail the others (each leaves by itself, see reserveBy).
-	v, err := r.run(context.WithoutCancel(self.ctx), reserveScript, keys, args...).Result()
-	replies, ok := v.([]any)
-	if err == nil && (!ok || len(replies) != len(live)) {
-		err = fmt.Errorf("unexpected reply %v", v)
-	}
-	for i, p := range live {
-		dims := 0
-		for _, a := range p.amounts {
-			if a != nil {
-				dims++
-			}
-		}
-		var reply any
-		if err == nil {
-			reply = replies[i]
-		}
-		p.r, p.place, p.by, p.err = r.decided(p.ctx, key, p.cost, p.maxWait, reply, err, dims)
-	}
+	return keys, args
 }
