@@ -326,7 +326,7 @@ end
 `
 
 // luaCredit defines credit, for the scripts that credit a waiter's place
-// (see place in bucket.go), and luaPlace place, for those that read one.
+// (see place in bucket.go).
 const luaCredit = `
 -- credit adds d tokens to a dimension's credit field (f or fp). A credit
 -- that leaves the integers a double holds exactly starts again from 0,
@@ -347,6 +347,7 @@ end
 
 `
 
+// luaPlace defines place, for the scripts that read a waiter's place.
 const luaPlace = `
 -- place appends to out what a waiter's slot rests on in a dimension: for
 -- its tokens, the wait from now until tk reaches 0 at rate, its credit,
