@@ -13,14 +13,18 @@ import (
 
 // Instrument names. Attributes never carry a header, a URL or a key.
 const (
-	meterName       = "github.com/sluicehq/sluice/transport"
-	metricWait      = "sluice.transport.wait.duration" // histogram, s: time an attempt waited before it was sent
-	metricAttempts  = "sluice.transport.attempts"      // counter: attempts by outcome
-	metricRetries   = "sluice.transport.retries"       // counter: retries by reason
-	metricBreaker   = "sluice.transport.breaker.state" // gauge: 0 closed, 1 half-open, 2 open
-	attrOutcome     = "outcome"
-	attrReason      = "reason"
-	attrBreakerName = "breaker"
+	meterName      = "github.com/sluicehq/sluice/transport"
+	metricWait     = "sluice.transport.wait.duration" // histogram, s: time an attempt waited before it was sent
+	metricAttempts = "sluice.transport.attempts"      // counter: attempts by outcome
+	metricRetries  = "sluice.transport.retries"       // counter: retries by reason
+	metricBreaker  = "sluice.transport.breaker.state" // gauge: 0 closed, 1 half-open, 2 open
+	// histogram: attempts one request made, retries included
+	metricRequestAttempts = "sluice.transport.request.attempts"
+	// histogram, s: time one request waited in all, before its attempts and between them
+	metricRequestWait = "sluice.transport.request.wait.duration"
+	attrOutcome       = "outcome"
+	attrReason        = "reason"
+	attrBreakerName   = "breaker"
 )
 
 // outcome is what became of one attempt.
@@ -65,6 +69,8 @@ type metrics struct {
 	attempts metric.Int64Counter
 	retries  metric.Int64Counter
 	breaker  metric.Int64Gauge
+	reqTries metric.Int64Histogram
+	reqWait  metric.Float64Histogram
 	outcome  [numOutcomes]metric.AddOption // precomputed: no allocation per attempt
 }
 
@@ -97,6 +103,16 @@ func newMetrics(mp metric.MeterProvider, static []attribute.KeyValue) *metrics {
 		metric.WithDescription("Circuit breaker state: 0 closed, 1 half-open, 2 open.")); err != nil {
 		ms.breaker, _ = nm.Int64Gauge(metricBreaker)
 	}
+	if ms.reqTries, err = m.Int64Histogram(metricRequestAttempts, metric.WithUnit("{attempt}"),
+		metric.WithDescription("Attempts one request made, retries included, by the time RoundTrip returned."),
+		metric.WithExplicitBucketBoundaries(0, 1, 2, 3, 5, 10, 20)); err != nil {
+		ms.reqTries, _ = nm.Int64Histogram(metricRequestAttempts)
+	}
+	if ms.reqWait, err = m.Float64Histogram(metricRequestWait, metric.WithUnit("s"),
+		metric.WithDescription("Time one request waited in all: for in-flight slots, the bucket and Retry-After pauses before its attempts, and between its attempts."),
+		metric.WithExplicitBucketBoundaries(0, 0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300)); err != nil {
+		ms.reqWait, _ = nm.Float64Histogram(metricRequestWait)
+	}
 	for o := range numOutcomes {
 		ms.outcome[o] = ms.with(attribute.String(attrOutcome, o.String()))
 	}
@@ -123,6 +139,16 @@ func (m *metrics) waited(ctx context.Context, d time.Duration) {
 		return
 	}
 	m.wait.Record(ctx, d.Seconds(), m.base)
+}
+
+// request records what one request came to: its attempts, and the time
+// it waited in all.
+func (m *metrics) request(ctx context.Context, attempts int, waited time.Duration) {
+	if m == nil {
+		return
+	}
+	m.reqTries.Record(ctx, int64(attempts), m.base)
+	m.reqWait.Record(ctx, waited.Seconds(), m.base)
 }
 
 func (m *metrics) retry(ctx context.Context, code int) {

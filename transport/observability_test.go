@@ -53,7 +53,17 @@ func TestMetrics(t *testing.T) {
 		"sluice.transport.retries{reason=503}":             1,
 		"sluice.transport.retries{reason=429}":             1,
 		"sluice.transport.wait.duration{}":                 2,
+		"sluice.transport.request.attempts{}":              1,
+		"sluice.transport.request.wait.duration{}":         1,
 	}, collect(t, reader))
+	sums := map[string]float64{}
+	for _, p := range metrictest.Collect(t, reader) {
+		sums[p.Name()] = p.Sum
+	}
+	assert.Equal(t, 2.0, sums["sluice.transport.request.attempts{}"], "attempts sent by the request")
+	// The delay before the 503's retry (a backoff of 500ms, jitter up to
+	// 20%), and the 429's Retry-After of 1s (and jitter).
+	assert.InDelta(t, 1.5+0.15, sums["sluice.transport.request.wait.duration{}"], 0.15+1e-9, "seconds waited by the request")
 
 	// Two 500s trip the breaker; the next call is refused.
 	b2 := bucket.NewLocal(bucket.PerSecond(100))

@@ -18,8 +18,9 @@ import (
 )
 
 // Retry says which attempts are tried again, and after how long. The zero
-// value is the default policy. An attempt is retried, up to MaxAttempts,
-// when its request body can be replayed (no body, or GetBody is set) and:
+// value is the default policy. An attempt is retried, up to MaxAttempts
+// (refusals apart: see MaxRefusals), when its request body can be replayed
+// (no body, or GetBody is set) and:
 //
 //   - the response is 429, 503 or 529, or a 403 that says it is a rate
 //     limit (GitHub's: X-RateLimit-Remaining 0, or a Retry-After; see
@@ -36,7 +37,7 @@ import (
 //     (or X-Idempotency-Key) header; with NonIdempotent, any request;
 //   - never for 501 nor any other status;
 //   - but a response header "x-should-retry: true" or "false" decides for
-//     any status of 400 and above.
+//     any status of 400 and above, but a spent quota, never retried.
 //
 // The wait before a retry is the delay the response asks for, in
 // retry-after-ms or Retry-After (seconds or an HTTP-date); or, for a
@@ -48,8 +49,23 @@ import (
 // after the request context's deadline.
 type Retry struct {
 	// MaxAttempts is the most attempts made for one request, the first
-	// included; 1 disables retries. Zero means 3.
+	// included, not counting those refused for rate or load when the
+	// Transport has a bucket (see MaxRefusals); 1 disables retries, those
+	// after refusals included. Zero means 3.
 	MaxAttempts int
+	// MaxRefusals is, when the Transport has a bucket (WithBucket), the
+	// most retries of one request after refusals for rate or load that
+	// waiting cures: a 429 (not a spent quota), or a 503 or 529 that asks
+	// for a delay (a Retry-After, or one its body states). Such a retry
+	// waits on the bucket, which has just learnt from the refusal, like
+	// any attempt: it is sent once the fleet's rate and pause allow, as
+	// long as the request's context and WithMaxWait allow that wait; and
+	// it is not counted against MaxAttempts. MaxRefusals bounds the retries
+	// when nothing else does (no deadline, no max wait): an upstream that
+	// refuses everything, even with Retry-After: 0, gets at most
+	// MaxRefusals+1 attempts of a request, each paced by the bucket. Zero
+	// means 20. Without a bucket, refusals count against MaxAttempts.
+	MaxRefusals int
 	// InitialInterval, Multiplier and MaxInterval shape the backoff used
 	// when a response names no delay (backoff/v4's ExponentialBackOff,
 	// without its randomization): the n-th retry waits
@@ -72,6 +88,7 @@ type Retry struct {
 // Default values of Retry's fields.
 const (
 	defaultMaxAttempts     = 3
+	defaultMaxRefusals     = 20
 	defaultInitialInterval = 500 * time.Millisecond
 	defaultMultiplier      = 2
 	defaultMaxInterval     = 8 * time.Second
@@ -87,6 +104,8 @@ func (r Retry) validate() {
 	switch {
 	case r.MaxAttempts < 0:
 		bad("MaxAttempts", r.MaxAttempts)
+	case r.MaxRefusals < 0:
+		bad("MaxRefusals", r.MaxRefusals)
 	case r.InitialInterval < 0:
 		bad("InitialInterval", r.InitialInterval)
 	case r.MaxInterval < 0:
@@ -105,6 +124,9 @@ func (r Retry) validate() {
 func (r Retry) withDefaults() Retry {
 	if r.MaxAttempts == 0 {
 		r.MaxAttempts = defaultMaxAttempts
+	}
+	if r.MaxRefusals == 0 {
+		r.MaxRefusals = defaultMaxRefusals
 	}
 	if r.InitialInterval == 0 {
 		r.InitialInterval = defaultInitialInterval
@@ -140,6 +162,7 @@ const (
 	finalQuota      // the quota is exhausted: no wait will cure it
 	finalRetryAfter // the response asks for more than MaxRetryAfter
 	finalDeadline   // the retry would start after the context's deadline
+	finalRefusals   // refused MaxRefusals times already
 )
 
 // retry reports whether the attempt is retried.
@@ -163,18 +186,56 @@ func (w reason) String() string {
 		return "Retry-After too long"
 	case finalDeadline:
 		return "the retry would pass the deadline"
+	case finalRefusals:
+		return "refused MaxRefusals times"
 	}
 	return "reason(" + strconv.Itoa(int(w)) + ")"
 }
 
+// tries is what the earlier attempts of one request came to.
+type tries struct {
+	// backoffs counts the retries made after a backoff interval.
+	backoffs int
+	// refusals counts the retries made after refusals through the bucket
+	// (see Retry.MaxRefusals): they are not counted against MaxAttempts.
+	refusals int
+}
+
+// after returns tr once a retry is made, for reason why, of an attempt
+// that was refused, or not (see Retry.refused).
+func (tr tries) after(why reason, refused bool) tries {
+	if why == retryBackoff {
+		tr.backoffs++
+	}
+	if refused {
+		tr.refusals++
+	}
+	return tr
+}
+
+// refused reports whether an attempt that ended with rep or err is a
+// refusal that is retried through the bucket (bucketed: the Transport has
+// one), apart from MaxAttempts (see MaxRefusals).
+func (r *Retry) refused(rep reply, err error, bucketed bool) bool {
+	return bucketed && err == nil && rep.refusal() && r.MaxAttempts > 1
+}
+
 // decide says whether attempt n of req, which ended with rep or err, is
 // retried, and after how long: the delay rep asks for, or else the next
-// backoff interval (backoffs were taken before), plus jitter drawn from u,
-// uniform in [0, 1); now is the time, for ctx's deadline. It is a function
-// of its arguments: it logs nothing, and changes nothing. For a final
-// reason the delay is the one the retry would have waited, if any.
-func (r *Retry) decide(ctx context.Context, req *http.Request, n int, rep reply, err error, backoffs int, now time.Time, u float64) (time.Duration, reason) {
-	if n >= r.MaxAttempts || !replayable(req) {
+// backoff interval (after the earlier attempts' tr), plus jitter drawn from
+// u, uniform in [0, 1); now is the time, for ctx's deadline. bucketed says
+// the Transport has a bucket, through which a refusal is retried (see
+// Retry.MaxRefusals). It is a function of its arguments: it logs nothing,
+// and changes nothing. For a final reason the delay is the one the retry
+// would have waited, if any.
+func (r *Retry) decide(ctx context.Context, req *http.Request, n int, rep reply, err error, tr tries, bucketed bool, now time.Time, u float64) (time.Duration, reason) {
+	refusal := r.refused(rep, err, bucketed)
+	switch {
+	case !replayable(req):
+		return 0, final
+	case refusal && tr.refusals >= r.MaxRefusals:
+		return 0, finalRefusals
+	case !refusal && n-tr.refusals >= r.MaxAttempts:
 		return 0, final
 	}
 	if err != nil {
@@ -187,7 +248,7 @@ func (r *Retry) decide(ctx context.Context, req *http.Request, n int, rep reply,
 	d, why := rep.after, retryAsked
 	switch {
 	case !rep.asked:
-		d, why = r.backoff(backoffs+1), retryBackoff
+		d, why = r.backoff(tr.backoffs+1), retryBackoff
 	case d > r.MaxRetryAfter:
 		return d, finalRetryAfter
 	}
@@ -204,10 +265,10 @@ func (r *Retry) retryable(req *http.Request, rep reply) (ok bool, why reason) {
 	switch {
 	case rep.status < http.StatusBadRequest || rep.shouldRetry == retryNo:
 		return false, final
-	case rep.shouldRetry == retryYes:
-		return true, 0
 	case rep.fb.Class == adaptive.QuotaExhausted:
 		return false, finalQuota
+	case rep.shouldRetry == retryYes:
+		return true, 0
 	case rep.fb.Class != adaptive.Accepted:
 		// Turned away for rate or load before it was processed: any
 		// method may go again.

@@ -95,16 +95,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cost = t.cfg.cost(req)
 	}
 	var (
-		backoffs  int            // retries so far after a backoff interval
+		tr        tries
+		waited    time.Duration  // by the attempts and between them
 		last      *http.Response // the discarded response, kept in memory
 		lastEpoch uint64         // its reservation's
 	)
 	for n := 1; ; n++ {
-		resp, rep, sent, err := t.attempt(ctx, req, key, cost, n)
+		resp, rep, sent, err := t.attempt(ctx, req, key, cost, n, &waited)
 		if !sent {
 			if n == 1 && req.Body != nil {
 				req.Body.Close() // a RoundTripper always closes the body
 			}
+			t.ended(ctx, req, n-1, tr, waited)
 			if last != nil && ctx.Err() == nil {
 				if l := t.logger(ctx); l != nil {
 					logReq(ctx, l, req, "sluice: retry not sent, returning the previous response",
@@ -115,82 +117,165 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		last = nil
-		delay, why := t.cfg.retry.decide(ctx, req, n, rep, err, backoffs, t.cfg.now(), t.cfg.rand())
+		delay, why := t.cfg.retry.decide(ctx, req, n, rep, err, tr, t.cfg.bucket != nil, t.cfg.now(), t.cfg.rand())
 		if !why.retry() {
 			if l := t.logger(ctx); l != nil && why.logged() {
 				logReq(ctx, l, req, "sluice: not retrying: "+why.String(), slog.Int("attempt", n),
 					slog.Int("status", rep.status), slog.Duration("delay", delay))
 			}
+			t.ended(ctx, req, n, tr, waited)
 			return t.metered(ctx, key, cost, rep.epoch, resp), err
 		}
-		if why == retryBackoff {
-			backoffs++
-		}
-		if resp != nil {
-			if buf, whole := peek.Drain(resp.Body); whole {
-				kept := *resp
-				kept.Body = io.NopCloser(bytes.NewReader(buf))
-				last, lastEpoch = &kept, rep.epoch
-			}
-		}
+		tr = tr.after(why, t.cfg.retry.refused(rep, err, t.cfg.bucket != nil))
+		last, lastEpoch = drained(resp), rep.epoch
 		t.metrics.retry(ctx, rep.status)
 		if l := t.logger(ctx); l != nil {
 			logReq(ctx, l, req, "sluice: retrying", slog.Int("attempt", n), slog.Int("status", rep.status),
-				slog.Duration("delay", delay), slog.String("reason", why.String()), errAttr(err))
+				slog.Duration("delay", delay), slog.String("reason", why.String()),
+				slog.Int("refusals", tr.refusals), errAttr(err))
 		}
+		waited += delay
 		if err := t.cfg.sleep(ctx, delay); err != nil {
+			t.ended(ctx, req, n, tr, waited)
 			return nil, err
 		}
 	}
 }
 
-// attempt makes attempt n of req: it waits for key's pause and the bucket,
-// asks the breaker, and sends a clone of req through base. sent reports
-// whether it got as far as base. err is nil whenever resp is not, and then
-// rep is what resp said (read), already acted on (observe).
-func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, cost bucket.Cost, n int) (resp *http.Response, rep reply, sent bool, err error) {
-	if t.breaker != nil {
-		if err := t.breaker.open(); err != nil {
-			t.metrics.attempt(ctx, outcomeBreakerOpen)
-			return nil, rep, false, err
-		}
+// drained drains and closes resp, a response not handed back, and returns
+// a copy that holds its body in memory, if it was short enough and came
+// whole in time (peek.Drain); or nil.
+func drained(resp *http.Response) *http.Response {
+	if resp == nil {
+		return nil
 	}
-	start := t.cfg.now()
-	epoch, release, err := t.wait(ctx, key, cost, start)
+	buf, whole := peek.Drain(resp.Body)
+	if !whole {
+		return nil
+	}
+	kept := *resp
+	kept.Body = io.NopCloser(bytes.NewReader(buf))
+	return &kept
+}
+
+// ended records that req is done after attempts sent, with tr, having
+// waited that long in all: for the bucket, pauses and in-flight slots
+// before its attempts, and between them.
+func (t *Transport) ended(ctx context.Context, req *http.Request, attempts int, tr tries, waited time.Duration) {
+	t.metrics.request(ctx, attempts, waited)
+	if l := t.logger(ctx); l != nil {
+		logReq(ctx, l, req, "sluice: request done", slog.Int("attempts", attempts),
+			slog.Int("refusals", tr.refusals), slog.Duration("waited", waited))
+	}
+}
+
+// attempt makes attempt n of req: it waits for key's pause and the bucket,
+// asks the breaker (admit), and sends a clone of req through base. sent
+// reports whether it got as far as base. err is nil whenever resp is not,
+// and then rep is what resp said (read), already acted on (observe). The
+// time it waited is added to *waited.
+func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, cost bucket.Cost, n int, waited *time.Duration) (resp *http.Response, rep reply, sent bool, err error) {
+	a, err := t.admit(ctx, req, key, cost, n, waited)
 	if err != nil {
-		t.metrics.attempt(ctx, waitOutcome(ctx, err))
 		return nil, rep, false, err
 	}
-	waited := t.cfg.now().Sub(start)
-	t.metrics.waited(ctx, waited)
-
-	body := req.Body
-	if n > 1 && body != nil && body != http.NoBody {
-		if body, err = req.GetBody(); err != nil {
-			release()
-			t.refund(ctx, key, cost)
-			t.metrics.attempt(ctx, outcomeError)
-			return nil, rep, false, fmt.Errorf("transport: GetBody: %w", err)
-		}
-	}
-	var done func(error)
-	if t.breaker != nil {
-		if done, err = t.breaker.allow(); err != nil {
-			if n > 1 && body != nil {
-				body.Close()
-			}
-			release()
-			t.refund(ctx, key, cost)
-			t.metrics.attempt(ctx, outcomeBreakerOpen)
-			return nil, rep, false, err
-		}
-	}
-
 	// The attempt runs in the caller's context: a context of its own would
 	// have to live until the body is closed, and costs 3% of throughput.
 	r := req.Clone(ctx)
-	r.Body = body
-	resp, err = t.base.RoundTrip(r)
+	r.Body = a.body
+	resp, err = t.send(r)
+	if a.done != nil {
+		a.done(outcomeErr(ctx, resp, err))
+	}
+	if err != nil {
+		a.release()
+		o := outcomeError
+		if ctx.Err() != nil {
+			o = outcomeCanceled
+		}
+		t.metrics.attempt(ctx, o)
+		if l := t.logger(ctx); l != nil {
+			logReq(ctx, l, req, "sluice: attempt failed", slog.Int("attempt", n),
+				slog.Duration("waited", a.waited), errAttr(err))
+		}
+		return nil, rep, true, err
+	}
+	if t.cfg.inflight != nil {
+		holdSlot(ctx, resp, a.release)
+	} // else release is noSlot: nothing to give back, and the body stays as it came
+	t.metrics.attempt(ctx, responseOutcome(resp.StatusCode))
+	now := t.cfg.now()
+	rep = read(resp, now)
+	rep.epoch = a.epoch
+	t.observe(ctx, key, a.epoch, rep, now)
+	if l := t.logger(ctx); l != nil {
+		logReq(ctx, l, req, "sluice: attempt", slog.Int("attempt", n),
+			slog.Duration("waited", a.waited), slog.Int("status", resp.StatusCode))
+	}
+	return resp, rep, true, nil
+}
+
+// admission is what an attempt that may be sent is sent with (admit).
+type admission struct {
+	body    io.ReadCloser // the request body to send: req.Body, or GetBody's for a retry
+	epoch   uint64        // of the bucket reservation
+	release func()        // gives back the in-flight slot (noSlot if none)
+	done    func(error)   // tells the breaker the outcome; nil without a breaker
+	waited  time.Duration // for the pause, the slot and the bucket
+}
+
+// admit holds attempt n of req back until it may be sent (wait), gets the
+// body to send, and asks the breaker. The time it waited is added to
+// *waited, admitted or not. An attempt not admitted after its wait gives
+// back its slot and its charge.
+func (t *Transport) admit(ctx context.Context, req *http.Request, key string, cost bucket.Cost, n int, waited *time.Duration) (a admission, err error) {
+	if t.breaker != nil {
+		if err := t.breaker.open(); err != nil {
+			t.metrics.attempt(ctx, outcomeBreakerOpen)
+			return a, err
+		}
+	}
+	start := t.cfg.now()
+	a.epoch, a.release, err = t.wait(ctx, key, cost, start)
+	a.waited = t.cfg.now().Sub(start)
+	*waited += a.waited
+	if err != nil {
+		t.metrics.attempt(ctx, waitOutcome(ctx, err))
+		return a, err
+	}
+	t.metrics.waited(ctx, a.waited)
+
+	a.body = req.Body
+	if n > 1 && a.body != nil && a.body != http.NoBody {
+		if a.body, err = req.GetBody(); err != nil {
+			t.unadmit(ctx, key, cost, a.release, outcomeError)
+			return a, fmt.Errorf("transport: GetBody: %w", err)
+		}
+	}
+	if t.breaker != nil {
+		if a.done, err = t.breaker.allow(); err != nil {
+			if n > 1 && a.body != nil {
+				a.body.Close()
+			}
+			t.unadmit(ctx, key, cost, a.release, outcomeBreakerOpen)
+			return a, err
+		}
+	}
+	return a, nil
+}
+
+// unadmit gives back what an attempt that waited and is not sent holds:
+// its slot and its charge; o is its outcome.
+func (t *Transport) unadmit(ctx context.Context, key string, cost bucket.Cost, release func(), o outcome) {
+	release()
+	t.refund(ctx, key, cost)
+	t.metrics.attempt(ctx, o)
+}
+
+// send sends r through base: a response with a nil error, or an error and
+// no response, whatever base returns.
+func (t *Transport) send(r *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(r)
 	if err != nil && resp != nil { // a broken base: err wins
 		if resp.Body != nil {
 			resp.Body.Close()
@@ -200,35 +285,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 	if err == nil && resp == nil {
 		err = errors.New("transport: base RoundTripper returned no response and no error")
 	}
-	if done != nil {
-		done(outcomeErr(ctx, resp, err))
-	}
-	if err != nil {
-		release()
-		o := outcomeError
-		if ctx.Err() != nil {
-			o = outcomeCanceled
-		}
-		t.metrics.attempt(ctx, o)
-		if l := t.logger(ctx); l != nil {
-			logReq(ctx, l, req, "sluice: attempt failed", slog.Int("attempt", n),
-				slog.Duration("waited", waited), errAttr(err))
-		}
-		return nil, rep, true, err
-	}
-	if t.cfg.inflight != nil {
-		holdSlot(ctx, resp, release)
-	} // else release is noSlot: nothing to give back, and the body stays as it came
-	t.metrics.attempt(ctx, responseOutcome(resp.StatusCode))
-	now := t.cfg.now()
-	rep = read(resp, now)
-	rep.epoch = epoch
-	t.observe(ctx, key, epoch, rep, now)
-	if l := t.logger(ctx); l != nil {
-		logReq(ctx, l, req, "sluice: attempt", slog.Int("attempt", n),
-			slog.Duration("waited", waited), slog.Int("status", resp.StatusCode))
-	}
-	return resp, rep, true, nil
+	return resp, err
 }
 
 // wait holds the attempt back until key's pause is over, it has an
@@ -373,6 +430,13 @@ type reply struct {
 	// epoch is that of the attempt's reservation, for what its body says
 	// later (see FeedbackMeter).
 	epoch uint64
+}
+
+// refusal reports whether r is a refusal for rate or load that waiting
+// cures: a rate limit (not a spent quota), or an overload that asks for a
+// delay.
+func (r reply) refusal() bool {
+	return r.fb.Class == adaptive.RateLimited || r.fb.Class == adaptive.Overloaded && r.asked
 }
 
 // verdict is a header's say on a retry.

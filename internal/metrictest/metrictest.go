@@ -19,6 +19,7 @@ type Point struct {
 	Attrs  attribute.Set
 	Value  float64
 	Bounds []float64 // a histogram's; nil for others
+	Sum    float64   // a histogram's sum of what it recorded; zero for others
 }
 
 // Collect returns every point r collects now; it fails the test on a kind
@@ -35,23 +36,27 @@ func Collect(t testing.TB, r *sdkmetric.ManualReader) []Point {
 			switch d := m.Data.(type) {
 			case metricdata.Sum[int64]:
 				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, float64(p.Value), nil})
+					out = append(out, Point{m.Name, p.Attributes, float64(p.Value), nil, 0})
 				}
 			case metricdata.Sum[float64]:
 				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, p.Value, nil})
+					out = append(out, Point{m.Name, p.Attributes, p.Value, nil, 0})
 				}
 			case metricdata.Gauge[int64]:
 				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, float64(p.Value), nil})
+					out = append(out, Point{m.Name, p.Attributes, float64(p.Value), nil, 0})
 				}
 			case metricdata.Gauge[float64]:
 				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, p.Value, nil})
+					out = append(out, Point{m.Name, p.Attributes, p.Value, nil, 0})
 				}
 			case metricdata.Histogram[float64]:
 				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, float64(p.Count), p.Bounds})
+					out = append(out, Point{m.Name, p.Attributes, float64(p.Count), p.Bounds, p.Sum})
+				}
+			case metricdata.Histogram[int64]:
+				for _, p := range d.DataPoints {
+					out = append(out, Point{m.Name, p.Attributes, float64(p.Count), p.Bounds, float64(p.Sum)})
 				}
 			default:
 				t.Fatalf("unexpected metric %s %T", m.Name, m.Data)
