@@ -29,7 +29,13 @@ import (
 //     counts only once it is final: Anthropic's message_start reports the
 //     input and an output of a token or so, and its message_delta the
 //     output in full; a stream that ends between the two reports nothing,
-//     and its charge stands.
+//     and its charge stands. And only once the stream has ended: read to
+//     its end, or to its last event (OpenAI's data: [DONE], Anthropic's
+//     message_stop, the Responses API's response.completed, whose usage is
+//     in "response"). A stream the caller closes before that, or that
+//     breaks off, reports nothing, even if it reported a usage as it went
+//     (cumulative counts with every chunk): the provider counts what it
+//     generated, and the charge (the estimate, with max_tokens) stands.
 //
 // The tokens are total_tokens, or else the sum of prompt_tokens,
 // completion_tokens, input_tokens, cache_creation_input_tokens and
@@ -45,7 +51,7 @@ import (
 // transport.WithUsage).
 // Other responses, and compressed bodies the caller decompresses, are not
 // metered (nil): their charge stands. An event stream's meter is a
-// transport.FeedbackMeter too: an error event that speaks of the limit
+// transport.StreamMeter, and a transport.FeedbackMeter too: an error event that speaks of the limit
 // (adaptive.ParseStreamError: Anthropic's overloaded_error or
 // rate_limit_error, OpenAI's rate_limit_exceeded) is observed by the bucket.
 func MeterUsage(resp *http.Response) transport.UsageMeter {
@@ -274,11 +280,11 @@ type sseMeter struct {
 	dec   sseDecoder
 	u     usage // from noUsage, merged with every usage found
 	final bool  // a final usage was found: at the top level or in "response"
+	ended bool  // the stream ended: its last event was seen, or End was called
 	fb    adaptive.Feedback
 	hasFB bool
 	cap   float64 // see MeterOpenAIUsage
 	chunk bool    // an OpenAI chat.completion.chunk was seen
-	done  bool    // and the stream's data: [DONE]
 }
 
 func newSSEMeter() *sseMeter {
@@ -289,6 +295,9 @@ func newSSEMeter() *sseMeter {
 
 func (m *sseMeter) Write(p []byte) (int, error) { return m.dec.Write(p) }
 
+// End implements transport.StreamMeter: the stream was read to its end.
+func (m *sseMeter) End() { m.ended = true }
+
 // tokensField is in every usage object, and in few other events;
 // errorField in every error event.
 var (
@@ -296,6 +305,7 @@ var (
 	errorField  = []byte(`"error"`)
 	chunkObject = []byte(`"chat.completion.chunk"`)
 	doneData    = []byte(`[DONE]`)
+	messageStop = []byte(`"message_stop"`)
 )
 
 // event reads the usage of an event, if it has one, and what an error event
@@ -304,10 +314,9 @@ func (m *sseMeter) event(data []byte, tooLarge bool) bool {
 	if tooLarge {
 		return true
 	}
-	if !m.chunk {
-		m.chunk = bytes.Contains(data, chunkObject)
-	} else if bytes.Equal(data, doneData) {
-		m.done = true
+	m.chunk = m.chunk || bytes.Contains(data, chunkObject)
+	if bytes.Equal(data, doneData) || bytes.Contains(data, messageStop) && eventType(data) == "message_stop" {
+		m.ended = true // OpenAI's last event, or Anthropic's
 	}
 	if bytes.Contains(data, errorField) {
 		if fb, ok := adaptive.ParseStreamError(data); ok {
@@ -327,19 +336,36 @@ func (m *sseMeter) event(data []byte, tooLarge bool) bool {
 	}{noUsage, nested{noUsage}, nested{noUsage}}
 	if json.Unmarshal(data, &ev) == nil {
 		m.u.merge(&ev.Message.Usage) // message_start's: not final
-		for _, u := range []*usage{&ev.Usage, &ev.Response.Usage} {
-			if m.u.merge(u) {
-				m.final = true
-			}
+		if m.u.merge(&ev.Usage) {
+			m.final = true
+		}
+		if m.u.merge(&ev.Response.Usage) {
+			// The Responses API reports it only in its last event
+			// (response.completed, .incomplete or .failed).
+			m.final, m.ended = true, true
 		}
 	}
 	return true
 }
 
+// eventType returns the "type" of data, an event's JSON object, or "".
+func eventType(data []byte) string {
+	var ev struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(data, &ev) != nil {
+		return ""
+	}
+	return ev.Type
+}
+
 func (m *sseMeter) Cost() (bucket.Cost, bool) {
 	m.dec.flush() // a last line with no newline, a last event with no blank line
-	if !m.final {
-		if m.chunk && m.done {
+	switch {
+	case !m.ended: // closed or broken off: a usage seen so far is not final
+		return nil, false
+	case !m.final:
+		if m.chunk {
 			warnNoUsage()
 		}
 		return nil, false

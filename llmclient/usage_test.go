@@ -24,6 +24,16 @@ func meterResponse(t *testing.T, contentType string) transport.UsageMeter {
 	return m
 }
 
+// readToEnd returns m's Cost once its body was read to the end: a
+// transport.StreamMeter is told so first, as the Transport tells it at
+// io.EOF.
+func readToEnd(m transport.UsageMeter) (bucket.Cost, bool) {
+	if sm, ok := m.(transport.StreamMeter); ok {
+		sm.End()
+	}
+	return m.Cost()
+}
+
 // checkMeter feeds body to fresh meters whole, cut in two (anywhere, or at
 // 256 places), and byte by byte, and checks they all find want (-1:
 // nothing).
@@ -37,7 +47,7 @@ func checkMeter(t *testing.T, contentType, body string, want float64) {
 			require.NoError(t, err)
 			require.Equal(t, len(p), n)
 		}
-		c, ok := m.Cost()
+		c, ok := readToEnd(m)
 		if want < 0 {
 			assert.False(t, ok, "%s: found %v", how, c)
 			return
@@ -125,11 +135,70 @@ func TestMeterUsageSSE(t *testing.T) {
 			for b := body; b != ""; b = b[min(size, len(b)):] {
 				m.Write([]byte(b[:min(size, len(b))]))
 			}
-			c, ok := m.Cost()
+			c, ok := readToEnd(m)
 			assert.True(t, ok)
 			assert.Equal(t, bucket.Cost{bucket.Tokens: 4}, c, "writes of %d", size)
 		}
 	})
+}
+
+// TestMeterUsageStreamUnfinished: a stream's usage counts once the
+// stream has ended, by its last event (OpenAI's [DONE], Anthropic's
+// message_stop, the Responses API's response.completed) or read to its
+// end; one closed before, which reported a usage as it went (cumulative
+// counts in every chunk, or a message_delta before the last), reports
+// nothing, and its charge stands. Before, it reported the usage seen so
+// far: 11 and 12 tokens of calls whose providers count more.
+func TestMeterUsageStreamUnfinished(t *testing.T) {
+	const (
+		openAIChunk = "data: {\"object\":\"chat.completion.chunk\",\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]," +
+			"\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":5,\"total_tokens\":11}}\n\n"
+		openAILast = "data: {\"object\":\"chat.completion.chunk\",\"choices\":[]," +
+			"\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":200,\"total_tokens\":206}}\n\n"
+		anthropicStart = "event: message_start\n" +
+			"data: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":6,\"output_tokens\":1}}}\n\n"
+		anthropicDelta = "event: message_delta\n" +
+			"data: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"output_tokens\":6}}\n\n"
+		anthropicLast = "event: message_delta\n" +
+			"data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":200}}\n\n"
+		anthropicStop = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+		stopInText    = "event: content_block_delta\n" +
+			"data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"message_stop\"}}\n\n"
+	)
+	for _, tc := range []struct {
+		name, body string
+		end        bool // read to the end (io.EOF)
+		want       float64
+	}{
+		{"OpenAI, closed early", openAIChunk + openAIChunk, false, -1},
+		{"OpenAI, to its [DONE]", openAIChunk + openAILast + "data: [DONE]\n\n", false, 206},
+		{"OpenAI, to its end", openAIChunk + openAILast, true, 206},
+		{"Anthropic, closed early", anthropicStart + anthropicDelta, false, -1},
+		{"Anthropic, a text of message_stop", anthropicStart + anthropicDelta + stopInText, false, -1},
+		{"Anthropic, to its message_stop", anthropicStart + anthropicDelta + anthropicLast + anthropicStop, false, 206},
+		{"Anthropic, to its end", anthropicStart + anthropicDelta + anthropicLast, true, 206},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := meterResponse(t, "text/event-stream")
+			_, err := m.Write([]byte(tc.body))
+			require.NoError(t, err)
+			var (
+				c  bucket.Cost
+				ok bool
+			)
+			if tc.end {
+				c, ok = readToEnd(m)
+			} else {
+				c, ok = m.Cost()
+			}
+			if tc.want < 0 {
+				assert.False(t, ok, "found %v", c)
+				return
+			}
+			require.True(t, ok)
+			assert.Equal(t, tc.want, c[bucket.Tokens])
+		})
+	}
 }
 
 func TestMeterUsageResponses(t *testing.T) {
@@ -183,7 +252,7 @@ func TestMeterUsageInputOutput(t *testing.T) {
 			m := meterResponse(t, tc.contentType)
 			_, err := m.Write([]byte(tc.body))
 			require.NoError(t, err)
-			c, ok := m.Cost()
+			c, ok := readToEnd(m)
 			require.True(t, ok)
 			assert.Equal(t, tc.want, c)
 		})

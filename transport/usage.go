@@ -39,6 +39,22 @@ type FeedbackMeter interface {
 	Feedback() (adaptive.Feedback, bool)
 }
 
+// A StreamMeter is a UsageMeter of a body whose usage is final only once
+// the body has ended: an event stream, which may report its usage as it
+// goes (cumulative counts, as some servers send with every chunk) before
+// its last event. The Transport calls End, before Cost, when the caller
+// reads the body to its end (io.EOF); a body closed before that, or broken
+// off, has not ended, unless the meter saw its end for itself (such as a
+// stream's last event), and its Cost should then report nothing: the
+// charge stands, as the provider counts what it generated.
+// llmclient.MeterUsage returns one for event streams.
+type StreamMeter interface {
+	UsageMeter
+	// End says the body was read to its end. It is called at most once,
+	// after the last Write.
+	End()
+}
+
 // WithUsage reconciles what each call is charged with what it cost. For the
 // response RoundTrip returns, f returns a UsageMeter, or nil if the response
 // will not report its usage (f must not read the body); the body is then
@@ -52,8 +68,9 @@ type FeedbackMeter interface {
 // request's, bounded to 2s, in the goroutine that reads or closes the body.
 //
 // If the usage never shows (the body is closed before it, the stream breaks
-// off, the response has none), the charge stands: the bucket errs on the
-// side of the provider's limit. A usage report is outside input: an amount
+// off, the response has none), or shows only in part (a StreamMeter's
+// stream closed or broken off before its end), the charge stands: the
+// bucket errs on the side of the provider's limit. A usage report is outside input: an amount
 // that is not a number, infinite or negative is no report (the charge
 // stands in that dimension), and so is one above 1e9, more than the burst
 // of any bucket, which no call can cost; so that a refund is never larger
@@ -112,6 +129,9 @@ func (b *meteredBody) Read(p []byte) (int, error) {
 		}
 	}
 	if err != nil {
+		if sm, ok := b.meter.(StreamMeter); ok && err == io.EOF {
+			sm.End()
+		}
 		b.finish()
 	}
 	return n, err
