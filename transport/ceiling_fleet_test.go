@@ -24,37 +24,37 @@ import (
 	"github.com/sluicehq/sluice/transport"
 )
 
-// The fleet of TestGeminiFleet: geminiProcs processes of geminiGoroutines
-// goroutines make geminiCalls calls in all against a Gemini-style fake
-// whose hidden limit is geminiHidden requests per second, through a Redis
-// bucket configured at twice it.
+// The fleets of TestGeminiFleet and TestOpenAIHeadersFleet: ceilingProcs
+// processes of ceilingGoroutines goroutines make ceilingCalls calls in all
+// against a fake whose hidden limit is ceilingHidden requests per second,
+// through a Redis bucket configured at twice it.
 const (
-	geminiProcs      = 4
-	geminiGoroutines = 8
-	geminiCalls      = 400
-	geminiHidden     = 20
-	geminiCeiling    = 2 * geminiHidden
-	// geminiCutoff ends a run: a call not done by then, from the common
+	ceilingProcs      = 4
+	ceilingGoroutines = 8
+	ceilingCalls      = 600
+	ceilingHidden     = 20
+	ceilingRate       = 2 * ceilingHidden
+	// ceilingCutoff ends a run: a call not done by then, from the common
 	// start, is lost.
-	geminiCutoff = 60 * time.Second
-	// geminiStall is how late a timer of the test or of a worker must come
+	ceilingCutoff = 90 * time.Second
+	// ceilingStall is how late a timer of the test or of a worker must come
 	// (fleettest.WatchStalls) for a run to count as one the machine
-	// stalled, and geminiRuns the most runs TestGeminiFleet makes when
-	// they miss a bound while it does.
-	geminiStall = 100 * time.Millisecond
-	geminiRuns  = 3
+	// stalled, and ceilingRuns the most runs a test makes when they miss
+	// a bound while it does.
+	ceilingStall = 100 * time.Millisecond
+	ceilingRuns  = 3
 )
 
-// geminiIdeal is the least makespan the hidden limit allows: its burst at
-// once, then geminiHidden a second.
-const geminiIdeal = time.Duration(float64(geminiCalls-geminiHidden) / geminiHidden * float64(time.Second))
+// ceilingIdeal is the least makespan the hidden limit allows: its burst at
+// once, then ceilingHidden a second.
+const ceilingIdeal = time.Duration(float64(ceilingCalls-ceilingHidden) / ceilingHidden * float64(time.Second))
 
-// geminiWorkerEnv holds, in a worker process of TestGeminiFleet (this test
-// binary started again), its geminiWorkerConfig as JSON.
-const geminiWorkerEnv = "SLUICE_TRANSPORT_GEMINI_WORKER"
+// ceilingWorkerEnv holds, in a worker process of a ceiling fleet (this test
+// binary started again), its ceilingWorkerConfig as JSON.
+const ceilingWorkerEnv = "SLUICE_TRANSPORT_CEILING_WORKER"
 
-// geminiWorkerConfig is what a worker process is told to do.
-type geminiWorkerConfig struct {
+// ceilingWorkerConfig is what a worker process is told to do.
+type ceilingWorkerConfig struct {
 	Redis      string
 	Key        string // the one bucket key of the run
 	URL        string
@@ -64,8 +64,8 @@ type geminiWorkerConfig struct {
 	Policy     adaptive.Policy
 }
 
-// geminiResult is what a worker prints on stdout when it is done.
-type geminiResult struct {
+// ceilingResult is what a worker prints on stdout when it is done.
+type ceilingResult struct {
 	OK       int           // calls whose final response is 200
 	Lost     int           // calls whose final response is not 200, or an error
 	Attempts int64         // requests sent, retries included
@@ -74,15 +74,15 @@ type geminiResult struct {
 	Err      string
 }
 
-// geminiWorker runs one worker process of TestGeminiFleet and returns its
+// ceilingWorker runs one worker process of a ceiling fleet and returns its
 // exit code. It prints "ready" once set up, reads the Unix nanoseconds at
 // which to begin from stdin, makes its calls through one http.Client whose
 // transport.New has the defaults but a Redis bucket at cfg.Rate with
-// cfg.Policy on one key, then prints a geminiResult.
-func geminiWorker() int {
-	var cfg geminiWorkerConfig
-	if err := json.Unmarshal([]byte(os.Getenv(geminiWorkerEnv)), &cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "gemini worker: config:", err)
+// cfg.Policy on one key, then prints a ceilingResult.
+func ceilingWorker() int {
+	var cfg ceilingWorkerConfig
+	if err := json.Unmarshal([]byte(os.Getenv(ceilingWorkerEnv)), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "ceiling worker: config:", err)
 		return 2
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: cfg.Redis, PoolSize: 2 * cfg.Goroutines, MinIdleConns: cfg.Goroutines})
@@ -93,7 +93,7 @@ func geminiWorker() int {
 		bucket.WithFailClosed(), bucket.WithRedisTimeout(5*time.Second))
 	// Connect and load the scripts before the start, on a key of its own.
 	if _, err := b.Reserve(context.Background(), cfg.Key+"-warm-up", bucket.N(1), 0); err != nil {
-		fmt.Fprintln(os.Stderr, "gemini worker: redis:", err)
+		fmt.Fprintln(os.Stderr, "ceiling worker: redis:", err)
 		return 2
 	}
 	base := &http.Transport{MaxIdleConnsPerHost: 2 * cfg.Goroutines}
@@ -109,31 +109,31 @@ func geminiWorker() int {
 
 	start, err := fleettest.Ready()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "gemini worker:", err)
+		fmt.Fprintln(os.Stderr, "ceiling worker:", err)
 		return 2
 	}
 	time.Sleep(time.Until(start))
 	stalls := fleettest.WatchStalls()
-	ctx, cancel := context.WithDeadline(context.Background(), start.Add(geminiCutoff))
+	ctx, cancel := context.WithDeadline(context.Background(), start.Add(ceilingCutoff))
 	defer cancel()
 
 	t := fleettest.Get(ctx, client, cfg.URL, cfg.Calls, cfg.Goroutines)
-	res := geminiResult{OK: t.OK, Lost: t.Lost, Err: t.Err, Last: t.Last, Attempts: attempts.Load(), Stall: stalls()}
+	res := ceilingResult{OK: t.OK, Lost: t.Lost, Err: t.Err, Last: t.Last, Attempts: attempts.Load(), Stall: stalls()}
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return 1
 	}
 	return 0
 }
 
-// geminiScenario is one run of TestGeminiFleet.
-type geminiScenario struct {
+// ceilingScenario is one run of a ceiling fleet.
+type ceilingScenario struct {
 	name   string
-	limit  llmtest.Limit
+	server llmtest.Config
 	policy adaptive.Policy
 }
 
-// geminiRun is what one run measured.
-type geminiRun struct {
+// ceilingRun is what one run measured.
+type ceilingRun struct {
 	ok, lost int
 	attempts int64
 	stats    llmtest.Stats
@@ -144,40 +144,66 @@ type geminiRun struct {
 	errs     []string
 }
 
-// TestGeminiFleet is issue 17's acceptance run against Gemini's refusals:
-// geminiProcs processes of geminiGoroutines goroutines make geminiCalls
-// calls in all through one Redis bucket at geminiCeiling requests per
-// second, twice the hidden limit of an llmtest server with Config.Gemini,
-// whose 429s carry no header at all: the delay is only in the body, a
-// RetryInfo truncated to whole seconds ("0s" at a limit per second) and
-// the exact wait in the message. The limit is a fixed window of
-// geminiHidden a second: a Gemini limit per minute ("RPM") scaled down to
+// TestGeminiFleet is the acceptance run against Gemini's refusals (issues
+// 17 and 32): ceilingProcs processes of ceilingGoroutines goroutines make
+// ceilingCalls calls in all through one Redis bucket at ceilingRate
+// requests per second, twice the hidden limit of an llmtest server with
+// Config.Gemini, whose 429s carry no header at all: the delay is only in
+// the body, a RetryInfo truncated to whole seconds ("0s" at a limit per
+// second) and the exact wait in the message. The limit is a fixed window of
+// ceilingHidden a second: a Gemini limit per minute ("RPM") scaled down to
 // a second, counted as a quota that resets on the minute (Google does not
 // say how it counts). The transport has its defaults; the bucket the
 // default law with a cold start, as for any ceiling that is a guess (with
 // a warm start, 32 calls go at once into the provider's 20 before anything
-// is learnt). At most 5% as many 429s as calls, every call a success, and
-// a makespan of at most 1.15 times geminiIdeal. The fleet learns in the
-// first three seconds or so, at a cost of about ten 429s and a second:
-// geminiCalls is large enough that the bounds hold with room for a loaded
-// machine. A run that misses a bound while the machine stalled (a timer of
-// the test or of a worker geminiStall late) is made again, up to
-// geminiRuns in all; a lost call or an error fails at once.
-// TestGeminiFleetVariants measures a sliding window too, which
-// holds the bounds on a quiet machine but not always on a loaded one (see
-// docs/learning.md).
+// is learnt). Every call a success (refusals are retried through the
+// bucket, not counted against MaxAttempts), at most 5% as many 429s as
+// calls, and a makespan of at most 1.15 times ceilingIdeal (see
+// assertCeilingFleet). TestGeminiFleetVariants measures a sliding window
+// too, which holds the bounds on a quiet machine but not always on a
+// loaded one (see docs/learning.md).
 func TestGeminiFleet(t *testing.T) {
 	if testing.Short() {
-		t.Skip("the Gemini fleet test takes about 22s")
+		t.Skip("the Gemini fleet test takes about 35s")
 	}
+	assertCeilingFleet(t, ceilingScenario{name: "gemini-fixed-window",
+		server: llmtest.Config{Requests: llmtest.FixedWindow(ceilingHidden, time.Second), Gemini: true},
+		policy: adaptive.Policy{ColdStart: true}})
+}
+
+// TestOpenAIHeadersFleet is issue 32's acceptance run against OpenAI's
+// refusals: TestGeminiFleet's fleet, through transport.New with its
+// defaults and a Redis bucket with its defaults (a warm start), at
+// ceilingRate requests per second, twice the hidden limit of an llmtest
+// token bucket of ceilingHidden a second with a burst of ceilingHidden that
+// reports itself in OpenAI's headers (x-ratelimit-*, and the wait in a
+// 429's Retry-After). Every call a success, at most 5% as many 429s as
+// calls, a makespan of at most 1.15 times ceilingIdeal (see
+// assertCeilingFleet).
+func TestOpenAIHeadersFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the OpenAI headers fleet test takes about 35s")
+	}
+	assertCeilingFleet(t, ceilingScenario{name: "openai-headers",
+		server: llmtest.Config{Requests: llmtest.TokenBucket(ceilingHidden, time.Second, ceilingHidden), Headers: llmtest.OpenAIHeaders}})
+}
+
+// assertCeilingFleet runs sc and asserts that every call succeeded, that
+// the server answered 429 to at most 5% as many requests as there are
+// calls, and that the makespan is at most 1.15 times ceilingIdeal. The
+// fleet learns in the first three seconds or so, at a cost of about ten to
+// twenty 429s and a second: ceilingCalls is large enough that the bounds
+// hold with room for a loaded machine. A run that misses a bound while the
+// machine stalled (a timer of the test or of a worker ceilingStall late) is
+// made again, up to ceilingRuns in all; a lost call or an error fails at
+// once.
+func assertCeilingFleet(t *testing.T, sc ceilingScenario) {
 	addr := redistest.Addr(t)
-	sc := geminiScenario{name: "fixed-window", limit: llmtest.FixedWindow(geminiHidden, time.Second),
-		policy: adaptive.Policy{ColdStart: true}}
 	for n := 1; ; n++ {
-		r := runGeminiFleet(t, addr, sc)
-		logGeminiRun(t, sc, r)
-		within := float64(r.stats.Rejected) <= 0.05*geminiCalls && r.makespan.Seconds() <= 1.15*geminiIdeal.Seconds()
-		if !within && len(r.errs) == 0 && r.ok == geminiCalls && r.stall >= geminiStall && n < geminiRuns {
+		r := runCeilingFleet(t, addr, sc)
+		logCeilingRun(t, sc, r)
+		within := float64(r.stats.Rejected) <= 0.05*ceilingCalls && r.makespan.Seconds() <= 1.15*ceilingIdeal.Seconds()
+		if !within && len(r.errs) == 0 && r.ok == ceilingCalls && r.stall >= ceilingStall && n < ceilingRuns {
 			// A machine that stops running the fleet for a while sends
 			// the slots due meanwhile at once when it resumes: 429s, and a
 			// cut. That measures the machine, not sluice.
@@ -185,15 +211,15 @@ func TestGeminiFleet(t *testing.T) {
 			continue
 		}
 		assert.Empty(t, r.errs, "errors")
-		assert.Equal(t, geminiCalls, r.ok, "every call succeeds")
-		assert.LessOrEqual(t, float64(r.stats.Rejected), 0.05*geminiCalls, "429s at most 5%% of the calls")
-		assert.LessOrEqual(t, r.makespan.Seconds(), 1.15*geminiIdeal.Seconds(), "makespan at most 1.15 x the ideal %v", geminiIdeal)
+		assert.Equal(t, ceilingCalls, r.ok, "every call succeeds")
+		assert.LessOrEqual(t, float64(r.stats.Rejected), 0.05*ceilingCalls, "429s at most 5%% of the calls")
+		assert.LessOrEqual(t, r.makespan.Seconds(), 1.15*ceilingIdeal.Seconds(), "makespan at most 1.15 x the ideal %v", ceilingIdeal)
 		return
 	}
 }
 
 // TestGeminiFleetVariants measures TestGeminiFleet's fleet against a
-// sliding window (an exact log: at most geminiHidden in any second), and
+// sliding window (an exact log: at most ceilingHidden in any second), and
 // with the default warm start, one run after the other. It is a
 // measurement, logged, and runs only with SLUICE_GEMINI_FLEET=1; it
 // asserts only that every call completes.
@@ -202,23 +228,24 @@ func TestGeminiFleetVariants(t *testing.T) {
 		t.Skip("a measurement of a minute: set SLUICE_GEMINI_FLEET=1")
 	}
 	addr := redistest.Addr(t)
-	sliding, fixed := llmtest.SlidingWindow(geminiHidden, time.Second), llmtest.FixedWindow(geminiHidden, time.Second)
+	sliding := llmtest.Config{Requests: llmtest.SlidingWindow(ceilingHidden, time.Second), Gemini: true}
+	fixed := llmtest.Config{Requests: llmtest.FixedWindow(ceilingHidden, time.Second), Gemini: true}
 	cold := adaptive.Policy{ColdStart: true}
-	for _, sc := range []geminiScenario{
-		{name: "sliding-window", limit: sliding, policy: cold},
-		{name: "fixed-window-warm", limit: fixed},
-		{name: "sliding-window-warm", limit: sliding},
+	for _, sc := range []ceilingScenario{
+		{name: "sliding-window", server: sliding, policy: cold},
+		{name: "fixed-window-warm", server: fixed},
+		{name: "sliding-window-warm", server: sliding},
 	} {
 		t.Run(sc.name, func(t *testing.T) {
-			r := runGeminiFleet(t, addr, sc)
-			logGeminiRun(t, sc, r)
-			assert.Equal(t, geminiCalls, r.ok+r.lost, "every call is accounted for")
+			r := runCeilingFleet(t, addr, sc)
+			logCeilingRun(t, sc, r)
+			assert.Equal(t, ceilingCalls, r.ok+r.lost, "every call is accounted for")
 		})
 	}
 }
 
-// logGeminiRun logs what r measured of sc.
-func logGeminiRun(t *testing.T, sc geminiScenario, r geminiRun) {
+// logCeilingRun logs what r measured of sc.
+func logCeilingRun(t *testing.T, sc ceilingScenario, r ceilingRun) {
 	adm := make([]string, len(r.series))
 	rej := make([]string, len(r.series))
 	for i, p := range r.series {
@@ -230,17 +257,17 @@ func logGeminiRun(t *testing.T, sc geminiScenario, r geminiRun) {
 		start = "cold start"
 	}
 	t.Logf("%s (%v), sluice %d/s, %s: %d ok, %d lost, %d attempts, %d 429s (%.1f%%), makespan %.2fs (%.3f x ideal %.0fs)\nadmitted by second: %s\n429s by second: %s\ndecreases (time: fraction): %s\n%d pauses seen (end: length): %s\nlongest stall (fleettest.WatchStalls): %v\nerrors: %v",
-		sc.name, sc.limit, geminiCeiling, start, r.ok, r.lost, r.attempts, r.stats.Rejected,
-		100*float64(r.stats.Rejected)/geminiCalls, r.makespan.Seconds(), r.makespan.Seconds()/geminiIdeal.Seconds(), geminiIdeal.Seconds(),
+		sc.name, sc.server.Requests, ceilingRate, start, r.ok, r.lost, r.attempts, r.stats.Rejected,
+		100*float64(r.stats.Rejected)/ceilingCalls, r.makespan.Seconds(), r.makespan.Seconds()/ceilingIdeal.Seconds(), ceilingIdeal.Seconds(),
 		strings.Join(adm, " "), strings.Join(rej, " "), r.watched.Cuts, r.watched.NumPauses, r.watched.Pauses, r.stall.Round(time.Millisecond), r.errs)
 }
 
-// runGeminiFleet runs sc's server and worker processes and returns what
+// runCeilingFleet runs sc's server and worker processes and returns what
 // they measured.
-func runGeminiFleet(t *testing.T, addr string, sc geminiScenario) geminiRun {
-	srv := llmtest.NewServer(llmtest.Config{Requests: sc.limit, Gemini: true})
+func runCeilingFleet(t *testing.T, addr string, sc ceilingScenario) ceilingRun {
+	srv := llmtest.NewServer(sc.server)
 	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), geminiCutoff+30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), ceilingCutoff+30*time.Second)
 	defer cancel()
 	var procs []*fleettest.Worker
 	defer func() {
@@ -249,15 +276,15 @@ func runGeminiFleet(t *testing.T, addr string, sc geminiScenario) geminiRun {
 			p.Wait() // a no-op once waited for
 		}
 	}()
-	key := fmt.Sprintf("gemini-%s-%d", sc.name, time.Now().UnixNano())
-	share := geminiCalls / geminiProcs
-	for i := range geminiProcs {
+	key := fmt.Sprintf("ceiling-%s-%d", sc.name, time.Now().UnixNano())
+	share := ceilingCalls / ceilingProcs
+	for i := range ceilingProcs {
 		calls := share
 		if i == 0 {
-			calls += geminiCalls - share*geminiProcs
+			calls += ceilingCalls - share*ceilingProcs
 		}
-		p, err := fleettest.Start(ctx, geminiWorkerEnv, geminiWorkerConfig{Redis: addr, Key: key, URL: srv.URL + "/ping",
-			Calls: calls, Goroutines: geminiGoroutines, Rate: geminiCeiling, Policy: sc.policy})
+		p, err := fleettest.Start(ctx, ceilingWorkerEnv, ceilingWorkerConfig{Redis: addr, Key: key, URL: srv.URL + "/ping",
+			Calls: calls, Goroutines: ceilingGoroutines, Rate: ceilingRate, Policy: sc.policy})
 		require.NoError(t, err)
 		procs = append(procs, p)
 	}
@@ -267,10 +294,10 @@ func runGeminiFleet(t *testing.T, addr string, sc geminiScenario) geminiRun {
 	watch := fleettest.Watch(ctx, addr, "sluice:{"+key+"}", start)
 	stalls := fleettest.WatchStalls() // of the server, in this process
 	require.NoError(t, fleettest.Release(procs, start))
-	var run geminiRun
+	var run ceilingRun
 	var last int64
 	for i, p := range procs {
-		var r geminiResult
+		var r ceilingResult
 		require.NoError(t, p.Report(i, &r))
 		if r.Err != "" {
 			run.errs = append(run.errs, fmt.Sprintf("worker %d: %s", i+1, r.Err))

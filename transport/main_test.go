@@ -25,8 +25,8 @@ func TestMain(m *testing.M) {
 	if os.Getenv(flightWorkerEnv) != "" { // TestInFlightFleet's
 		os.Exit(flightWorker())
 	}
-	if os.Getenv(geminiWorkerEnv) != "" { // TestGeminiFleet's
-		os.Exit(geminiWorker())
+	if os.Getenv(ceilingWorkerEnv) != "" { // TestGeminiFleet's
+		os.Exit(ceilingWorker())
 	}
 	redistest.Main(m)
 }
