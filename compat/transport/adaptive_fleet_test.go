@@ -38,8 +38,9 @@ const (
 	adaptiveHidden     = 20
 	adaptiveCeiling    = 2 * adaptiveHidden
 
-	// adaptiveAttempts is the most attempts per call, in every mode: enough
-	// that no call fails for want of retries.
+	// adaptiveAttempts is the most attempts per call of the recipe: enough
+	// that no call fails for want of retries. sluice has its defaults:
+	// refusals are retried through the bucket, apart from MaxAttempts.
 	adaptiveAttempts = 20
 	// adaptiveCallTimeout bounds one call, retries and waits included.
 	adaptiveCallTimeout = 2 * time.Minute
@@ -129,7 +130,7 @@ func adaptiveWorker() int {
 		client := &http.Client{Transport: transport.New(counted,
 			transport.WithBucket(b),
 			transport.WithKey(func(*http.Request) string { return "adaptive-fleet" }),
-			transport.WithRetry(transport.Retry{MaxAttempts: adaptiveAttempts, MaxRetryAfter: 10 * time.Second}))}
+			transport.WithRetry(transport.Retry{MaxRetryAfter: 10 * time.Second}))}
 		call = func(ctx context.Context, _ *recipe) (*http.Response, error) {
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, cfg.URL, nil)
 			if err != nil {

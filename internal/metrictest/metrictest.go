@@ -35,33 +35,40 @@ func Collect(t testing.TB, r *sdkmetric.ManualReader) []Point {
 		for _, m := range sm.Metrics {
 			switch d := m.Data.(type) {
 			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, float64(p.Value), nil, 0})
-				}
+				out = append(out, values(m.Name, d.DataPoints)...)
 			case metricdata.Sum[float64]:
-				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, p.Value, nil, 0})
-				}
+				out = append(out, values(m.Name, d.DataPoints)...)
 			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, float64(p.Value), nil, 0})
-				}
+				out = append(out, values(m.Name, d.DataPoints)...)
 			case metricdata.Gauge[float64]:
-				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, p.Value, nil, 0})
-				}
+				out = append(out, values(m.Name, d.DataPoints)...)
 			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, float64(p.Count), p.Bounds, p.Sum})
-				}
+				out = append(out, counts(m.Name, d.DataPoints)...)
 			case metricdata.Histogram[int64]:
-				for _, p := range d.DataPoints {
-					out = append(out, Point{m.Name, p.Attributes, float64(p.Count), p.Bounds, float64(p.Sum)})
-				}
+				out = append(out, counts(m.Name, d.DataPoints)...)
 			default:
 				t.Fatalf("unexpected metric %s %T", m.Name, m.Data)
 			}
 		}
+	}
+	return out
+}
+
+// values returns the points of a sum or a gauge named name.
+func values[N int64 | float64](name string, dps []metricdata.DataPoint[N]) []Point {
+	out := make([]Point, 0, len(dps))
+	for _, p := range dps {
+		out = append(out, Point{Metric: name, Attrs: p.Attributes, Value: float64(p.Value)})
+	}
+	return out
+}
+
+// counts returns the points of a histogram named name: each one's count,
+// bounds and sum.
+func counts[N int64 | float64](name string, dps []metricdata.HistogramDataPoint[N]) []Point {
+	out := make([]Point, 0, len(dps))
+	for _, p := range dps {
+		out = append(out, Point{Metric: name, Attrs: p.Attributes, Value: float64(p.Count), Bounds: p.Bounds, Sum: float64(p.Sum)})
 	}
 	return out
 }
