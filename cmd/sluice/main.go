@@ -195,4 +195,3 @@ func parseFlags(args []string, stderr io.Writer) (proxy.Config, slog.Level, erro
 	}
 	return checked, lvl, nil
 }
-

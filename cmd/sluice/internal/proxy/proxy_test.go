@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -226,8 +227,17 @@ func upstreamKey(t testing.TB, upstream, apiKey, model string) string {
 type sseUpstream struct {
 	n     int
 	gap   time.Duration
-	sent  []time.Time
 	ended chan time.Time
+
+	mu   sync.Mutex
+	sent []time.Time // of the last request's events
+}
+
+// sendTimes returns when each event of the last request was sent.
+func (u *sseUpstream) sendTimes() []time.Time {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]time.Time(nil), u.sent...)
 }
 
 func (u *sseUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -235,6 +245,9 @@ func (u *sseUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	rc := http.NewResponseController(w)
 	defer func() { u.ended <- time.Now() }()
+	u.mu.Lock()
+	u.sent = u.sent[:0]
+	u.mu.Unlock()
 	for i := range u.n {
 		if i > 0 && u.gap > 0 {
 			select {
@@ -243,7 +256,9 @@ func (u *sseUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
+		u.mu.Lock()
 		u.sent = append(u.sent, time.Now())
+		u.mu.Unlock()
 		if _, err := fmt.Fprintf(w, "data: {\"i\":%d,\"pad\":\"%s\"}\n\n", i, strings.Repeat("x", i%50)); err != nil {
 			return
 		}
@@ -273,8 +288,9 @@ func TestStreamsEventByEvent(t *testing.T) {
 	<-u.ended
 	require.Len(t, arrived, u.n)
 	var gaps, lags []time.Duration
+	sent := u.sendTimes()
 	for i := range arrived {
-		lags = append(lags, arrived[i].Sub(u.sent[i]))
+		lags = append(lags, arrived[i].Sub(sent[i]))
 		if i > 0 {
 			gaps = append(gaps, arrived[i].Sub(arrived[i-1]))
 		}
@@ -333,7 +349,6 @@ func TestStreamOutlivesEveryTimeoutButTheDrain(t *testing.T) {
 		got := readAll(t, resp)
 		<-u.ended
 		assert.Equal(t, 13, strings.Count(got, "data: "), "every event of the stream")
-		u.sent = nil
 	}
 }
 
