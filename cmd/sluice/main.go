@@ -158,7 +158,7 @@ func parseFlags(args []string, stderr io.Writer) (proxy.Config, slog.Level, erro
 			if n == 0 {
 				return ""
 			}
-			return strconv.FormatFloat(n, 'g', -1, 64) + "/min"
+			return strconv.FormatFloat(n, 'f', -1, 64) + "/min"
 		}
 		c = proxy.Config{
 			Redis: proxy.RedisConfig{URL: *redisURL}, MaxWait: *maxWait, MaxBodyBytes: *maxBody,

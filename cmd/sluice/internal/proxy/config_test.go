@@ -64,7 +64,7 @@ func TestConfigErrorsNameFileLineAndField(t *testing.T) {
 	set := env(map[string]string{"REDIS_URL": "redis://localhost:6379"})
 	for _, tc := range []struct {
 		name, from, to, want string
-		env               func(string) (string, bool)
+		env                  func(string) (string, bool)
 	}{
 		{"limit out of range", "tokens: 30000/min\n", "tokens: 0/min\n",
 			`sluice: config proxy.yaml:13: routes[0].limits.tokens: "0/min" is out of range: rate must be a number from 1e-06 to 1e+09 per second`, set},

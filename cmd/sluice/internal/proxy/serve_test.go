@@ -2,9 +2,9 @@ package proxy
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"strings"
-	"net"
 	"testing"
 	"time"
 
