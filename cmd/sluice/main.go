@@ -146,34 +146,28 @@ func parseFlags(args []string, stderr io.Writer) (proxy.Config, slog.Level, erro
 	}
 	var c proxy.Config
 	if *file != "" {
-		if *upstream != "" {
-			return c, 0, errors.New("sluice: give --config or --upstream, not both")
+		var extra error
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "config", "listen", "admin", "log-level":
+			default:
+				extra = fmt.Errorf("sluice: --%s does not go with --config: set it in the file", f.Name)
+			}
+		})
+		if extra != nil {
+			return c, 0, extra
 		}
 		var err error
 		if c, err = proxy.Load(*file); err != nil {
 			return c, 0, err
 		}
 	} else {
-		perMin := func(n float64) string {
-			if n == 0 {
-				return ""
-			}
-			return strconv.FormatFloat(n, 'f', -1, 64) + "/min"
+		var err error
+		c, err = quickStart(*upstream, *preset, *prefix, *redisURL, []float64{*rpm, *tpm, *itpm, *otpm})
+		if err != nil {
+			return c, 0, err
 		}
-		c = proxy.Config{
-			Redis: proxy.RedisConfig{URL: *redisURL}, MaxWait: *maxWait, MaxBodyBytes: *maxBody,
-			DrainTimeout: *drain, WriteTimeout: *write,
-			Routes: []proxy.Route{{Prefix: *prefix, Upstream: *upstream, Preset: *preset,
-				Limits: proxy.Limits{Requests: perMin(*rpm), Tokens: perMin(*tpm), InputTokens: perMin(*itpm), OutputTokens: perMin(*otpm)}}},
-		}
-		for _, n := range []struct {
-			name string
-			v    float64
-		}{{"--rpm", *rpm}, {"--tpm", *tpm}, {"--itpm", *itpm}, {"--otpm", *otpm}} {
-			if n.v < 0 {
-				return c, 0, fmt.Errorf("sluice: %s: %g is out of range: a limit must be positive", n.name, n.v)
-			}
-		}
+		c.MaxWait, c.MaxBodyBytes, c.DrainTimeout, c.WriteTimeout = *maxWait, *maxBody, *drain, *write
 	}
 	if *listen != "" {
 		c.Listen = *listen
@@ -194,4 +188,23 @@ func parseFlags(args []string, stderr io.Writer) (proxy.Config, slog.Level, erro
 		return c, 0, err
 	}
 	return checked, lvl, nil
+}
+
+// quickStart is the configuration of one route, "/" by default, to
+// upstream, limited per minute by rpm, tpm, itpm and otpm (0: none).
+func quickStart(upstream, preset, prefix, redisURL string, perMinute []float64) (proxy.Config, error) {
+	var l [4]string
+	for i, name := range []string{"--rpm", "--tpm", "--itpm", "--otpm"} {
+		switch n := perMinute[i]; {
+		case n < 0:
+			return proxy.Config{}, fmt.Errorf("sluice: %s: %g is out of range: a limit must be positive", name, n)
+		case n > 0:
+			l[i] = strconv.FormatFloat(n, 'f', -1, 64) + "/min"
+		}
+	}
+	return proxy.Config{
+		Redis: proxy.RedisConfig{URL: redisURL},
+		Routes: []proxy.Route{{Prefix: prefix, Upstream: upstream, Preset: preset,
+			Limits: proxy.Limits{Requests: l[0], Tokens: l[1], InputTokens: l[2], OutputTokens: l[3]}}},
+	}, nil
 }

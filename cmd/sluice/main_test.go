@@ -5,11 +5,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -146,6 +144,7 @@ func TestBadFlagsAndConfigRefusedAtStart(t *testing.T) {
 		{[]string{"proxy", "--rpm", "60"}, "--upstream: must be an http:// or https:// URL with a host"},
 		{[]string{"proxy", "--upstream", "http://127.0.0.1:1", "--preset", "anthropic", "--tpm", "100"}, "--tpm: the anthropic preset charges no tokens"},
 		{[]string{"proxy", "--config", bad}, bad + ":5: routes[0].limits.requests: \"0/s\" is out of range"},
+		{[]string{"proxy", "--config", bad, "--max-wait", "1s"}, "--max-wait does not go with --config"},
 		{[]string{"serve"}, "usage: sluice proxy"},
 	} {
 		cmd := exec.Command(binary, tc.args...)
@@ -157,10 +156,4 @@ func TestBadFlagsAndConfigRefusedAtStart(t *testing.T) {
 		require.Equal(t, 2, ee.ExitCode(), "%v: %s", tc.args, out.String())
 		require.Contains(t, out.String(), tc.want, "%v", tc.args)
 	}
-}
-
-// readLines returns the lines r holds.
-func readLines(r io.Reader) []string {
-	b, _ := io.ReadAll(r)
-	return strings.Split(strings.TrimSpace(string(b)), "\n")
 }

@@ -56,9 +56,6 @@ func (r *running) drain() chan error {
 	return r.done
 }
 
-// route returns the route of the running proxy that serves path.
-func (r *running) route(path string) *route { return r.srv.proxy.match(path) }
-
 // oneRoute is a Config with one route, prefix "/", to upstream.
 func oneRoute(upstream, preset string, l Limits) Config {
 	return Config{Routes: []Route{{Prefix: "/", Upstream: upstream, Preset: preset, Limits: l}}}

@@ -159,9 +159,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ex := &exchange{start: time.Now(), rc: http.NewResponseController(w)}
 	// No write deadline until the response comes (see modifyResponse):
 	// the quota's wait is bounded by the max wait, the upstream's by the
-	// client. A deadline an earlier response on the connection set would
-	// stay: the server sets none of its own (WriteTimeout is 0).
-	ex.rc.SetWriteDeadline(time.Time{})
+	// client. The server sets none (WriteTimeout is 0), and clears the one
+	// a response set once it is done.
 	rt.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex)))
 	p.logRequest(r, rt, ex.status, start)
 }
