@@ -1,3 +1,6 @@
+// The sluice command. No replace directive, so that go install
+// github.com/sluicehq/sluice/cmd/sluice@version works: in this repository
+// go.work supplies the library; at a release, require its tag.
 module github.com/sluicehq/sluice/cmd/sluice
 
 go 1.26.0
@@ -36,4 +39,3 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace github.com/sluicehq/sluice => ../../
