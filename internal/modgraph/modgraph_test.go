@@ -10,9 +10,9 @@ import (
 )
 
 // heavy are the modules that only sluice's examples, its comparisons with
-// other libraries, its tokenizer and its command use (the examples, compat,
-// tiktoken and cmd/sluice modules): a module that imports sluice's packages must not have them in
-// its graph. Each is a module path, or the prefix of the paths of a family
+// other libraries, its tokenizer and its command use (the examples,
+// compat, tiktoken and cmd/sluice modules): a module that imports sluice's
+// packages must not have them in its graph. Each is a module path, or the prefix of the paths of a family
 // of modules.
 var heavy = []string{
 	"gonum.org",
