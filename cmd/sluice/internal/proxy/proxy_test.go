@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -441,4 +442,38 @@ func TestClientGoneWhileWaitingGetsItsReservationBack(t *testing.T) {
 	assert.InDelta(t, before[bucket.Requests], after[bucket.Requests], 0.01, "requests before and after the call")
 	assert.InDelta(t, before[bucket.Tokens], after[bucket.Tokens], 1, "tokens before and after the call")
 	assert.Equal(t, int64(1), srv.Stats().Accepted, "the upstream saw only the first call")
+}
+
+// TestGzipAnswerIsReconciled: a client that accepts gzip (as the Node and
+// Python SDKs do) from an upstream that sends it still has its call
+// reconciled with the usage in the body: the proxy asks for gzip itself
+// and reads the body decoded, which the client gets. Its tokens are the
+// usage's 21 (prompt 5, completion 16: the cap, as OpenAI counts),
+// whatever the estimate was.
+func TestGzipAnswerIsReconciled(t *testing.T) {
+	const usage = `{"id":"x","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":16,"total_tokens":21}}`
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Write([]byte(usage))
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		zw.Write([]byte(usage))
+		zw.Close()
+	}))
+	defer up.Close()
+	p := start(t, oneRoute(up.URL, presetOpenAI, Limits{Requests: "1/h burst 10", Tokens: "1000/h burst 100000"}))
+	req, _ := http.NewRequest(http.MethodPost, p.URL+"/chat/completions", strings.NewReader(chatBody(false)))
+	req.Header.Set("Authorization", "Bearer sk-test")
+	req.Header.Set("Accept-Encoding", "gzip, deflate, br")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body := readAll(t, resp)
+	assert.Empty(t, resp.Header.Get("Content-Encoding"), "the client gets the body decoded")
+	assert.Equal(t, usage, body)
+	left := p.localTokens(t, "/", upstreamKey(t, up.URL, "sk-test", "gpt-test"))
+	assert.InDelta(t, 100000-21, left[bucket.Tokens], 1, "charged the usage's tokens")
 }
