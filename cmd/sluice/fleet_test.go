@@ -119,7 +119,7 @@ func (c *nodeCall) UnmarshalJSON(b []byte) error {
 // headers (anthropic-ratelimit-* speak per minute, and a test of a minute
 // per run is too long for CI), so the proxies learn only from its 429s:
 // there the acceptance's 5% does not hold (6-10% seen, see docs/proxy.md)
-// and the test holds it to 15%. Beyond 2%, the
+// and the test holds it to 15%, and its span to 1.30 (1.06-1.18 seen). Beyond 2%, the
 // tokens charged exceed those counted by no more than the refused
 // attempts' charges: a refused attempt keeps its charge (the library errs
 // toward the limit), the server counts nothing for it.
@@ -132,7 +132,7 @@ func TestNodeFleet(t *testing.T) {
 		openai, anthropic bound
 	}{
 		{"limits right", 1, bound{0.01, 1.10}, bound{0.01, 1.10}},
-		{"limits 2x too high", 2, bound{0.05, 1.20}, bound{0.15, 1.20}},
+		{"limits 2x too high", 2, bound{0.05, 1.20}, bound{0.15, 1.30}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := redistest.Own(t)
