@@ -27,7 +27,12 @@ type running struct {
 // start serves c on free loopback ports until t ends (or drain is called).
 func start(t testing.TB, c Config) *running {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return startLogging(t, c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// startLogging is start with the proxy's logs sent to log.
+func startLogging(t testing.TB, c Config, log *slog.Logger) *running {
+	t.Helper()
 	srv, err := NewServer(c, log)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -131,4 +134,47 @@ func listen(t testing.TB) net.Listener {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	return ln
+}
+
+// TestLogsHoldNoSecret: at debug level, the proxy's and the library's logs
+// of calls that succeed, wait past the max wait and fail upstream hold
+// neither the API key of the Authorization header nor one in the query.
+func TestLogsHoldNoSecret(t *testing.T) {
+	srv := llmtest.NewServer(llmtest.Config{})
+	defer srv.Close()
+	var logs syncBuffer
+	c := Config{MaxWait: 50 * time.Millisecond, Routes: []Route{
+		{Prefix: "/ok", Upstream: srv.URL, Limits: Limits{Requests: "1/min"}},
+		{Prefix: "/down", Upstream: "http://127.0.0.1:1", Preset: presetGemini, Limits: Limits{Requests: "100/s"}}}}
+	p := startLogging(t, c, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	for _, path := range []string{"/ok/chat/completions", "/ok/chat/completions", "/down/v1beta/models/g:generateContent?key=AIza-query-secret"} {
+		req, _ := http.NewRequest(http.MethodPost, p.URL+path, strings.NewReader(chatBody(false)))
+		req.Header.Set("Authorization", "Bearer sk-header-secret")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		readAll(t, resp)
+	}
+	out := logs.String()
+	require.Contains(t, out, `"status":429`, "the logs saw the calls")
+	require.Contains(t, out, `"status":502`)
+	assert.NotContains(t, out, "sk-header-secret")
+	assert.NotContains(t, out, "AIza-query-secret")
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
