@@ -10,9 +10,9 @@ import (
 )
 
 // heavy are the modules that only sluice's examples, its comparisons with
-// other libraries and its tokenizer use (the examples, compat and tiktoken
-// modules): a module that imports sluice's packages must not have them in
-// its graph. Each is a module path, or the prefix of the paths of a family
+// other libraries, its tokenizer and its command use (the examples,
+// compat, tiktoken and cmd/sluice modules): a module that imports sluice's
+// packages must not have them in its graph. Each is a module path, or the prefix of the paths of a family
 // of modules.
 var heavy = []string{
 	"gonum.org",
@@ -23,6 +23,9 @@ var heavy = []string{
 	"github.com/alicebob/miniredis",
 	"github.com/tiktoken-go/tokenizer", // about 10 MB of vocabularies
 	"github.com/dlclark/regexp2",
+	// The sluice command's (cmd/sluice): its Prometheus endpoint.
+	"github.com/prometheus/client_golang",
+	"go.opentelemetry.io/otel/exporters/prometheus",
 }
 
 // TestLeanGraph makes a module of its own that imports sluice's transport
