@@ -22,9 +22,11 @@ type Bucket interface {
 	// A cost that can never be admitted fails at once with a *CostError.
 	Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error)
 	// Adjust changes what key has been charged by delta: a negative amount
-	// refunds (never above the burst), a positive one debits, into debt if
-	// need be, and at most the dimension's burst: no call can cost more, and
-	// a usage report beyond it is a lie that would stall the key.
+	// refunds, a positive one debits, into debt if need be; each at most the
+	// dimension's burst: no call can cost more, a usage report beyond it is a
+	// lie that would stall the key, and a refund beyond it would give back
+	// what no call took, moving every waiter up at once. A refund never
+	// fills the key above its burst.
 	Adjust(ctx context.Context, key string, delta Cost) error
 	// Observe applies what a response said about the limit to key, for
 	// every user of the bucket: a pause for its Retry-After, or for one

@@ -501,14 +501,15 @@ return out
 `)
 
 // adjustScript refills each dimension key, then subtracts its amount (a
-// negative amount refunds, never above burst). ARGV[1] is 1 if the delta
+// negative amount refunds at most a burst, and never fills the key above
+// it: Local.adjust). ARGV[1] is 1 if the delta
 // is a served call's (Settle): a refund is then credited (see place in
 // bucket.go); a debit always is, negative.
 var adjustScript = newScript(luaCommon + luaCredit + `
 local f = fraction(span, law)
 local served = ARGV[1] == '1'
 for i = 1, #KEYS - 1 do
-  local key, amount = KEYS[i+1], tonumber(ARGV[3*i+3])
+  local key, amount = KEYS[i+1], math.max(tonumber(ARGV[3*i+3]), -tonumber(ARGV[3*i+2]))
   local rate, burst, tk, at, x, learnt, pr, pb, pt, rx, pin, _, _, arate, aburst = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   local tk0, pt0 = tk, pt
   tk = math.min(burst, tk - amount)

@@ -76,8 +76,8 @@ func (s *scripted) dimKey(base, dim string) string {
 // dimensions cost charges: KEYS are key's adaptive state (if s.state) and
 // each such dimension's, ARGV is head, then param, burst and amount for
 // each. It says how many dimension keys there are; with none, argv is nil.
-// With reserve, amounts are checked against the limits; else a debit is
-// cut to a burst, unless whole: a share's debt, which names each window's
+// With reserve, amounts are checked against the limits; else a debit or a
+// refund is cut to a burst, unless whole: a share's debt, which names each window's
 // amount (share.take), where other costs give a window its dimension's.
 func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...any) (argv []any, dims int, err error) {
 	if key == "" {
@@ -101,7 +101,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 		} else if err := checkDelta(d.name, v); err != nil {
 			return nil, 0, err
 		} else if !whole {
-			v = min(v, d.limit.Burst) // a debit takes at most a burst (see Bucket.Adjust)
+			v = max(min(v, d.limit.Burst), -d.limit.Burst) // a debit or a refund is at most a burst (see Bucket.Adjust)
 		}
 		if argv == nil {
 			// Room for every dimension's key: ARGV moves down over what
