@@ -22,9 +22,11 @@ type Bucket interface {
 	// A cost that can never be admitted fails at once with a *CostError.
 	Reserve(ctx context.Context, key string, cost Cost, maxWait time.Duration) (Reservation, error)
 	// Adjust changes what key has been charged by delta: a negative amount
-	// refunds (never above the burst), a positive one debits, into debt if
-	// need be, and at most the dimension's burst: no call can cost more, and
-	// a usage report beyond it is a lie that would stall the key.
+	// refunds, a positive one debits, into debt if need be; each at most the
+	// dimension's burst: no call can cost more, a usage report beyond it is a
+	// lie that would stall the key, and a refund beyond it would give back
+	// what no call took, moving every waiter up at once. A refund never
+	// fills the key above its burst.
 	Adjust(ctx context.Context, key string, delta Cost) error
 	// Observe applies what a response said about the limit to key, for
 	// every user of the bucket: a pause for its Retry-After, or for one
@@ -96,13 +98,16 @@ type queue struct {
 // of its queue (a read's); credit is its credit then: what has been added
 // to its tokens other than by time, net of every debit and cut (see the
 // token bucket scripts); rate its rate in tokens per second; from the end
-// of a pause; life changes when the credit starts again.
+// of a pause; life changes when the credit starts again; pinned, if not
+// zero, when the pin of another process's lower limit that set rate
+// lapses (see NewRedis): a slot reckoned at it is to be read again then.
 type constraint struct {
 	ok       bool // the dimension has this bucket
 	at, from time.Time
 	credit   int64 // millionths of a token
 	rate     float64
 	life     string
+	pinned   time.Time
 }
 
 // movedTo returns the earliest a waiter whose slot is slot, with place pl,
@@ -212,6 +217,17 @@ func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay t
 	if !fleet {
 		again.Stop()
 	}
+	// A slot reckoned at a pinned limit is read again when the pin lapses
+	// (and again then, should it still hold): Redis then reckons the queue
+	// at the fleet's own limit.
+	lapse := time.NewTimer(Unlimited)
+	defer lapse.Stop()
+	relapse := func(cs []constraint) {
+		if at := pinLapse(cs); !at.IsZero() && at.Before(slot) {
+			lapse.Reset(time.Until(at) + moveUpGrace)
+		}
+	}
+	relapse(place)
 	class := chargedClass(cost)
 	read := func(ctx context.Context) (queue, error) { return m.earliest(ctx, key, cost) }
 	first := slot
@@ -232,6 +248,9 @@ func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay t
 			// a key's queue unasked at most twice a second.
 			rs.wake(key)
 			since = w.fired
+		case <-lapse.C:
+			unwatch()
+			since = time.Now() // a read begun after the pin lapsed
 		}
 		if time.Until(slot) < minMoveUp {
 			continue // not worth a call: the next refund is watched for, and the timer
@@ -246,10 +265,23 @@ func sleepMovingUp(ctx context.Context, m moveUp, key string, cost Cost, delay t
 			slot = at
 			t.Reset(time.Until(at))
 		}
+		relapse(q.cons)
 		if fleet {
 			again.Reset(recheck(time.Until(slot)))
 		}
 	}
+}
+
+// pinLapse returns the earliest time a pin that holds a bucket of cs
+// lapses; the zero time if none holds one.
+func pinLapse(cs []constraint) time.Time {
+	var at time.Time
+	for _, c := range cs {
+		if !c.pinned.IsZero() && (at.IsZero() || c.pinned.Before(at)) {
+			at = c.pinned
+		}
+	}
+	return at
 }
 
 // chargedClass names the dimensions that cost charges: the waiters of a

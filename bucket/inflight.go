@@ -98,6 +98,12 @@ func WithLease(d time.Duration) Option {
 // need be: Redis counts what is in flight, and admits no more until it is
 // below n again.
 //
+// A Redis that restarted empty has lost the holders while their calls go
+// on: a server grants no slot until a renewal has passed since it started
+// (a third of the lease, in whole seconds, and a second more), by when
+// each live holder has stated its slots again; the first slots after a
+// server starts wait up to that long.
+//
 // Processes of a fleet must agree on n and the lease for a key: each
 // script applies the n and lease of the process that runs it. Redis Ring
 // is not supported: its Pub/Sub does not reach across shards.

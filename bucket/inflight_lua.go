@@ -20,6 +20,14 @@ package bucket
 // Then each key expires a second after the last lease it holds ends, so
 // that an idle key disappears (finish).
 //
+// A server that started less than a renewal ago (a third of the lease,
+// rounded up to whole seconds, and a second more: its INFO counts whole
+// seconds) may have lost its holders to a restart: their processes hold
+// them still, and state them again at their next renewal. Until then it
+// grants no slot, neither at once nor from the queue (restarting): a slot
+// it gave would be one more than n. A waiter's process calls again when
+// that ends (sweep).
+//
 // ARGV of every script: n (the limit), the channel prefix, the lease (µs),
 // then the operation's arguments. Each is bounded in Go first: n in
 // [1, maxInFlight], the lease in [minLease, maxLease], members of a few
@@ -29,6 +37,22 @@ local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local n, chan, lease = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local H, Q, W = KEYS[1], KEYS[2], KEYS[3]
+
+-- restarting returns how long, in µs, the server still grants no slot
+-- after its start (see above); 0 once it does, or if it does not say
+-- when it started. It asks at most once per script.
+local restart
+local function restarting()
+  if not restart then
+    restart = 0
+    local info = redis.pcall('INFO', 'server')
+    local up = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+    if up then
+      restart = math.max(0, (math.ceil(lease / 3e6) + 1 - up) * 1e6)
+    end
+  end
+  return restart
+end
 
 local function purge()
   redis.call('ZREMRANGEBYSCORE', H, '-inf', now)
@@ -43,7 +67,7 @@ end
 
 local function grant()
   local free = n - redis.call('ZCARD', H)
-  if free <= 0 then
+  if free <= 0 or restarting() > 0 then
     return
   end
   for _, m in ipairs(redis.call('ZRANGE', Q, 0, free - 1)) do
@@ -60,18 +84,20 @@ local function grant()
   end
 end
 
--- sweep is how long until the first holder's lease ends, in µs, while
+-- sweep is how long until the first holder's lease ends, or the server
+-- grants slots again after its start if that is sooner, in µs, while
 -- someone waits (0 if nobody does): a waiting process calls then, and the
 -- slot of a holder that died goes to the queue on time.
 local function sweep()
   if redis.call('ZCARD', Q) == 0 then
     return 0
   end
+  local s = restarting()
   local h = redis.call('ZRANGE', H, 0, 0, 'WITHSCORES')
-  if not h[2] then
-    return 0
+  if h[2] and (s == 0 or tonumber(h[2]) - now < s) then
+    s = math.max(tonumber(h[2]) - now, 1)
   end
-  return math.max(tonumber(h[2]) - now, 1)
+  return s
 end
 
 local function finish()
@@ -99,7 +125,7 @@ purge()
 grant()
 local held = redis.call('ZSCORE', H, m)
 if not held and not redis.call('ZSCORE', W, m) then
-  if redis.call('ZCARD', Q) == 0 and redis.call('ZCARD', H) < n then
+  if redis.call('ZCARD', Q) == 0 and redis.call('ZCARD', H) < n and restarting() == 0 then
     redis.call('ZADD', H, now + lease, m)
     held = true
   elseif ARGV[5] == '1' then

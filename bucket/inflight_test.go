@@ -468,7 +468,8 @@ func TestInFlightMisconfiguredRedis(t *testing.T) {
 		require.NoError(t, admin.Do(t.Context(), "ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all", "resetchannels").Err())
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "app", Password: "pw"})
 		t.Cleanup(func() { rdb.Close() })
-		s := bucket.NewInFlight(rdb, 1, bucket.WithLogger(slog.New(slog.DiscardHandler)))
+		s := bucket.NewInFlight(rdb, 1, bucket.WithLease(time.Second), bucket.WithLogger(slog.New(slog.DiscardHandler)))
+		time.Sleep(2 * time.Second) // a server just started grants no slot for a renewal and a second (see InFlight)
 		release, err := s.Acquire(t.Context(), "k")
 		require.NoError(t, err, "a free slot needs no channel")
 		_, err = s.Acquire(t.Context(), "k")
@@ -537,4 +538,56 @@ func BenchmarkInFlightHandoff(b *testing.B) {
 	b.StopTimer()
 	release()
 	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "µs/handoff")
+}
+
+// TestInFlightRestartKeepsTheLimit: n = 4, two processes of four callers
+// each, calls of 1 to 2 s, and Redis restarted empty between two renewals
+// (lease 6 s: a renewal every 2 s), three times. Before, the restarted
+// Redis had no holders and granted n slots at once while the calls in
+// flight went on: 6-7 in flight at the upstream. Now it grants none until
+// the holders have renewed (for 3 s after it starts: see InFlight), and
+// the upstream never sees more than n.
+func TestInFlightRestartKeepsTheLimit(t *testing.T) {
+	const n = 4
+	srv := redistest.Own(t)
+	time.Sleep(3 * time.Second) // past the server's first start
+	key := flightKey(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var inFlight, most, calls atomic.Int64
+	var wg sync.WaitGroup
+	for range 2 {
+		s := bucket.NewInFlight(fastClient(t, srv.Addr), n, bucket.WithLease(6*time.Second), bucket.WithFailClosed(), quickBreaker)
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for ctx.Err() == nil {
+					release, err := s.Acquire(ctx, key)
+					if err != nil {
+						time.Sleep(10 * time.Millisecond) // Redis is down: fail closed, try again
+						continue
+					}
+					now := inFlight.Add(1)
+					for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+					}
+					calls.Add(1)
+					time.Sleep(time.Second + rand.N(time.Second))
+					inFlight.Add(-1)
+					release()
+				}
+			}()
+		}
+	}
+	for range 3 {
+		time.Sleep(2500 * time.Millisecond)
+		srv.Stop()
+		require.NoError(t, srv.Restart())
+	}
+	time.Sleep(4 * time.Second)
+	cancel()
+	wg.Wait()
+	t.Logf("n = %d, Redis restarted empty 3 times: %d calls, at most %d in flight at the upstream", n, calls.Load(), most.Load())
+	assert.LessOrEqual(t, most.Load(), int64(n))
+	assert.Greater(t, calls.Load(), int64(10), "the callers got slots after the restarts")
 }

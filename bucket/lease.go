@@ -417,8 +417,10 @@ for i, s in ipairs(st) do
     s[1] = s[1] - s[11]
     if s[6] then s[6] = s[6] - s[11] end
   end
-  if ok or s[12] > 0 then
+  if ok then
     store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[13], s[14])
+  elseif s[12] > 0 then
+    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], nil, s[13], s[14]) -- refused: no pin (reserveScript)
   end
 end
 local h = 0

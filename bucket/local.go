@@ -24,7 +24,7 @@ type Local struct {
 	adapt    adaptation
 	start    func(key string) time.Time    // nil: keys start full; else empty, not before start(key) (a share)
 	windows  func(key string) (Cost, bool) // nil: windows start full; else as it says, if it knows key (a share: the last share's)
-	maxDebit []float64                     // the most one Adjust debits, by dimension
+	maxDelta []float64                     // the most one Adjust debits or refunds, by dimension
 	m        *meters                       // nil: no metrics
 	waiting  refunds                       // of its waiters (WaitMax)
 
@@ -120,20 +120,20 @@ func NewLocal(limit Limit, opts ...Option) *Local {
 
 // newLocal returns a Local bucket with dims, reading clk, adapting by
 // policy. With start, each key starts empty, not before start(key) (a
-// share, share.go); with maxDebit, an Adjust debits up to it, by dimension,
-// rather than the dimension's burst.
-func newLocal(dims []dim, clk Clock, policy adaptive.Policy, start func(string) time.Time, maxDebit []float64) *Local {
-	if maxDebit == nil {
-		maxDebit = make([]float64, len(dims))
+// share, share.go); with maxDelta, an Adjust debits or refunds up to it,
+// by dimension, rather than the dimension's burst.
+func newLocal(dims []dim, clk Clock, policy adaptive.Policy, start func(string) time.Time, maxDelta []float64) *Local {
+	if maxDelta == nil {
+		maxDelta = make([]float64, len(dims))
 		for i, d := range dims {
-			maxDebit[i] = d.limit.Burst
+			maxDelta[i] = d.limit.Burst
 		}
 	}
 	base := make([]int, len(dims))
 	for i, d := range dims {
 		base[i] = slices.IndexFunc(dims, func(e dim) bool { return e.name == d.of })
 	}
-	return &Local{dims: dims, base: base, clock: clk, adapt: newAdaptation(policy, dims), start: start, maxDebit: maxDebit,
+	return &Local{dims: dims, base: base, clock: clk, adapt: newAdaptation(policy, dims), start: start, maxDelta: maxDelta,
 		keys: make(map[string]*localKey), sweepAt: minSweep}
 }
 
@@ -334,8 +334,9 @@ func (l *Local) adjust(key string, delta Cost, served bool) error {
 	k := l.advance(key, now, nil)
 	n := len(l.dims)
 	for i, d := range l.dims {
-		// A debit takes at most a burst: no call can cost more (see Adjust).
-		debit := min(a[i], l.maxDebit[i])
+		// A debit takes at most a burst, and a refund gives back at most
+		// one: no call can cost more (see Adjust).
+		debit := max(min(a[i], l.maxDelta[i]), -l.maxDelta[i])
 		tk := k.tokens[i]
 		k.tokens[i] = min(k.tokens[i]-debit, l.burst(k, i, l.fraction(k, now)))
 		if pt, _, pb, ok := k.prov(i); ok {

@@ -178,14 +178,18 @@ func TestMovedTo(t *testing.T) {
 }
 
 // FuzzPlaces: a reply of a place that the scripts never give is an error,
-// and a place read is never before the reply nor has a negative rate.
+// and a place read is never before the reply nor has a negative rate; a
+// pin's end, if any, is after it.
 func FuzzPlaces(f *testing.F) {
-	f.Add(int64(2000000), "0", int64(10000000), int64(0), int64(-1), "0", int64(0), "0")
-	f.Add(int64(5), "-12", int64(1), int64(3), int64(7), "1e9", int64(2), "x")
-	f.Fuzz(func(t *testing.T, w int64, credit string, rate, from, wp int64, pcredit string, prate int64, life string) {
+	f.Add(int64(2000000), "0", int64(10000000), int64(0), int64(-1), "0", int64(0), "0", int64(0))
+	f.Add(int64(5), "-12", int64(1), int64(3), int64(7), "1e9", int64(2), "x", int64(1000000))
+	f.Add(int64(5), "0", int64(1), int64(3), int64(7), "0", int64(2), "1", int64(-1))
+	f.Fuzz(func(t *testing.T, w int64, credit string, rate, from, wp int64, pcredit string, prate int64, life string, pin int64) {
 		at := time.Unix(1000, 0)
-		cs, err := places([]any{w, credit, rate, from, wp, pcredit, prate, life}, at)
+		cs, err := places([]any{w, credit, rate, from, wp, pcredit, prate, life, pin}, at)
 		if err != nil {
+			assert.True(t, w < 0 || rate < 0 || from < 0 || wp < -1 || prate < 0 || pin < 0 ||
+				!isInt(credit) || !isInt(pcredit), "a valid place refused: %v", err)
 			return
 		}
 		require.Len(t, cs, 2)
@@ -193,6 +197,8 @@ func FuzzPlaces(f *testing.F) {
 			assert.False(t, c.at.Before(at) || c.from.Before(at), "%+v", c)
 			assert.GreaterOrEqual(t, c.rate, 0.0)
 		}
+		assert.Equal(t, pin > 0, !cs[0].pinned.IsZero(), "a pin's end read as it was given")
+		assert.True(t, pin <= 0 || cs[0].pinned.After(at), "%v", cs[0].pinned)
 		m := movedTo(at.Add(time.Hour), cs, queue{cons: cs})
 		assert.False(t, m.After(at.Add(time.Hour)), "moved later")
 	})
@@ -202,4 +208,10 @@ func FuzzPlaces(f *testing.F) {
 // waits that may move up, those of minMoveUp or more.
 func TestPlaceThresholdIsMinMoveUp(t *testing.T) {
 	assert.Contains(t, reserveScript.src, "if wait >= "+strconv.FormatInt(minMoveUp.Microseconds(), 10)+" then")
+}
+
+// isInt reports whether s is a credit the scripts could write: an integer.
+func isInt(s string) bool {
+	_, err := strconv.ParseInt(s, 10, 64)
+	return err == nil
 }

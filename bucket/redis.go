@@ -35,7 +35,14 @@ var _ Bucket = (*Redis)(nil)
 // with within a hold (the limit's refill time, 1 to 60 s), and those hold
 // for every process; a process held below its own limits logs a warning at
 // most once a minute (WithLogger). A lowered limit so takes effect at once,
-// and a raised one once no process has used the old one for a hold.
+// and a raised one once no process has used the old one for a hold. Only a
+// reservation that takes something records its limits: a refused one holds
+// nobody. A waiter whose slot was reckoned at a lower limit reads it again
+// when that limit's hold lapses (see WaitMax), so the fleet is back at its
+// own limit within a hold of the last use of the lower one. A limit more
+// than 1000 times below or above a process's own is a configuration error
+// (a unit or a typo), not a limit: it holds neither process to the other,
+// and each logs it at error level at most once a minute.
 func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r := &Redis{scripted: newScripted(rdb, forRedis, "NewRedis", limit, opts, "", tokenParam)}
 	r.state = true

@@ -73,6 +73,8 @@ local law, cold = flags % 2, flags >= 2
 local pausedTo = now -- the latest a dimension's ts may be (see above)
 local held = false -- a dimension is held below this process's limit (see pinned)
 local pinLive = false -- a dimension read has a pin that holds (see pinned)
+local pinIgnored = false -- a dimension read has a pin too far from this process's limit to count (see pinOne)
+local pinEnds = {} -- by dimension key, when the pin that holds it lapses, if one does (see place)
 local folds = {} -- by dimension key, a report's end refill folded and store is to write (see fold)
 
 -- In a batch (see reserveScript), a dimension's fields, as refill reads
@@ -85,19 +87,30 @@ local folds = {} -- by dimension key, a report's end refill folded and store is 
 -- nothing, and store writes at once.
 local read
 
--- pinOne is pinned's of one limit: own, or v while it holds (until vx),
--- adding to pin (made if nil) the fields f and fx to write, if any.
+-- pinOne is pinned's of one limit: own, or v while it holds (until vx,
+-- returned then), adding to pin (made if nil) the fields f and fx to
+-- write, if any. A pin more than maxPinRatio times below or above own is
+-- a configuration error (a unit or a typo: no rollout changes a limit so
+-- far), not a limit: it does not count for this process, which neither
+-- keeps to it nor refrains from writing its own, and says so (pinIgnored:
+-- logged at error level), so that one absurd process cannot stall the
+-- fleet.
+local maxPinRatio = 1000
 local function pinOne(pin, v, vx, own, f, fx, hold)
   local u = math.floor(own * 1e6 + 0.5)
   v, vx = tonumber(v), tonumber(vx)
   if v and vx and vx > now then
-    pinLive = true
-    if u > v then
-      held = true
-      return v / 1e6, pin
-    end
-    if u == v and vx - now >= hold / 2 then
-      return own, pin -- refreshed by another not long ago
+    if u > v * maxPinRatio or v > u * maxPinRatio then
+      pinIgnored = true
+    else
+      pinLive = true
+      if u > v then
+        held = true
+        return v / 1e6, pin, vx
+      end
+      if u == v and vx - now >= hold / 2 then
+        return own, pin -- refreshed by another not long ago
+      end
     end
   end
   pin = pin or {}
@@ -112,13 +125,16 @@ end
 -- the lowest in use. So processes whose limits disagree never mix them:
 -- the lowest holds for all until no process has used it for a hold, and
 -- the processes that have it refresh it. It returns the fields to write,
--- if any.
+-- if any, and when the first pin that holds it lapses, if one does.
 local function pinned(s, rate, burst)
   local hold = math.min(math.max(burst * 1e6 / rate, 1e6), 6e7)
-  local pin
-  rate, pin = pinOne(pin, s[8], s[9], rate, 'cr', 'crx', hold)
-  burst, pin = pinOne(pin, s[10], s[11], burst, 'cb', 'cbx', hold)
-  return rate, burst, pin
+  local pin, rx, bx
+  rate, pin, rx = pinOne(pin, s[8], s[9], rate, 'cr', 'crx', hold)
+  burst, pin, bx = pinOne(pin, s[10], s[11], burst, 'cb', 'cbx', hold)
+  if bx and not (rx and rx < bx) then
+    rx = bx
+  end
+  return rate, burst, pin, rx
 end
 
 -- fraction returns the share of the configured rate the key is at, its
@@ -169,7 +185,7 @@ local function refill(key, rate, burst, f, first)
   end
   local s1, s7 = s[1], s[7] -- the tokens and the provider's, less a fold (not written here)
   local pin
-  rate, burst, pin = pinned(s, rate, burst)
+  rate, burst, pin, pinEnds[key] = pinned(s, rate, burst)
   local crate, cburst = rate, burst
   local learnt = s[6] and tonumber(s[6]) > now
   local pr, pb
@@ -353,7 +369,9 @@ const luaPlace = `
 -- its tokens, the wait from now until tk reaches 0 at rate, its credit,
 -- the rate in millionths per second and the wait until at (a pause's end);
 -- for the provider's bucket, the same of pt at pr (-1 without it), its
--- credit and rate; then the hash's life. The credits and the life are the
+-- credit and rate; then the hash's life; then the wait until the pin that
+-- holds the dimension lapses (0: none holds it), when the slot, reckoned
+-- at the pinned limit, is to be read again. The credits and the life are the
 -- hash's strings, read exactly in Go. The rates are rounded up: a credit
 -- is divided by them, and a rate read low would move a waiter up further
 -- than the credit is worth (1.5 times at 1.5e-6/s, floored).
@@ -375,6 +393,10 @@ local function place(out, key, tk, at, rate, pt, pr)
   if folds[key] then
     out[n+8] = string.format('%d', (tonumber(c[3]) or 0) + 1) -- the life the fold starts (see fold)
   end
+  out[n+9] = 0
+  if pinEnds[key] then
+    out[n+9] = pinEnds[key] - now
+  end
 end
 `
 
@@ -394,10 +416,13 @@ end
 // reserveScript takes each dimension key's amount if all of them can be
 // taken within ARGV[1] microseconds, all or nothing. It returns the wait in
 // microseconds (0 if the tokens were there), negated if nothing was taken
-// (a refused wait is always > 0), and the key's epoch, if not 0, then 1 if
-// a dimension is held below this process's limit (see pinned). A wait of
-// a quarter of a second or more (minMoveUp) that was taken replies
-// {wait, epoch, held (0 or 1)} and then its place in each dimension key.
+// (a refused wait is always > 0), and the key's epoch, if not 0, then the
+// pins' flags if any: 1 if a dimension is held below this process's limit
+// (see pinned), plus 2 if a pin too far from it was ignored (see pinOne).
+// A wait of a quarter of a second or more (minMoveUp) that was taken
+// replies {wait, epoch, the pins' flags (0 to 3)} and then its place in
+// each dimension key. A refusal writes no pin: a process that takes
+// nothing holds nobody to its limit.
 //
 // It takes more reservations of the key after the first, in order (see
 // coalescer): each adds to ARGV its maxWait and then an amount for every
@@ -413,7 +438,7 @@ local k = #KEYS - 1
 -- reserve decides one reservation: wmax is its maxWait, and the amount of
 -- dimension key i is ARGV[o + step*i].
 local function reserve(wmax, o, step)
-  held = false
+  held, pinIgnored = false, false
   local st, wait = {}, 0
   for i = 1, k do
     local amount = tonumber(ARGV[o + step*i])
@@ -434,15 +459,16 @@ local function reserve(wmax, o, step)
     wait = -wait
     -- Nothing is taken, but the key is written refilled up to now, as
     -- Local's is: at the fraction now, not at a later one from an older
-    -- ts. A process refused uses the key's limit too: its pin is written,
-    -- or a fleet that keeps the key empty at a higher limit would keep it.
-    -- A hash that refill found none of is full: it makes none, but for
-    -- its pin.
+    -- ts. A hash that refill found none of is full: it makes none. No pin
+    -- is written: a refused process takes nothing, and its limit, however
+    -- low, must not hold the fleet (one Reserve of a process configured
+    -- 1e-6/s held a fleet at 50/s to it for the hold, and its waiters for
+    -- weeks).
     for _, s in ipairs(st) do
-      if s[3] > 0 or s[10] then
+      if s[3] > 0 then
         local pt = s[6]
         if pt then pt = pt + s[14] end
-        store(s[11], s[1] + s[14], s[2], s[3], s[4], s[5], pt, s[7], s[8], s[9], s[10], s[12], s[13])
+        store(s[11], s[1] + s[14], s[2], s[3], s[4], s[5], pt, s[7], s[8], s[9], nil, s[12], s[13])
       end
     end
   else
@@ -450,17 +476,19 @@ local function reserve(wmax, o, step)
       store(s[11], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[12], s[13])
     end
   end
+  local pins = 0
+  if held then pins = 1 end
+  if pinIgnored then pins = pins + 2 end
   if wait >= 250000 then
     -- a wait that may move up (minMoveUp): its place in each dimension
-    local out = {wait, epoch, 0}
-    if held then out[3] = 1 end
+    local out = {wait, epoch, pins}
     for _, s in ipairs(st) do
       place(out, s[11], s[1], s[2], s[4], s[6], s[7])
     end
     return out
   end
-  if held then
-    return {wait, epoch, 1}
+  if pins > 0 then
+    return {wait, epoch, pins}
   end
   if epoch == 0 then
     return wait -- one integer is cheaper to read
@@ -501,14 +529,15 @@ return out
 `)
 
 // adjustScript refills each dimension key, then subtracts its amount (a
-// negative amount refunds, never above burst). ARGV[1] is 1 if the delta
+// negative amount refunds at most a burst, and never fills the key above
+// it: Local.adjust). ARGV[1] is 1 if the delta
 // is a served call's (Settle): a refund is then credited (see place in
 // bucket.go); a debit always is, negative.
 var adjustScript = newScript(luaCommon + luaCredit + `
 local f = fraction(span, law)
 local served = ARGV[1] == '1'
 for i = 1, #KEYS - 1 do
-  local key, amount = KEYS[i+1], tonumber(ARGV[3*i+3])
+  local key, amount = KEYS[i+1], math.max(tonumber(ARGV[3*i+3]), -tonumber(ARGV[3*i+2]))
   local rate, burst, tk, at, x, learnt, pr, pb, pt, rx, pin, _, _, arate, aburst = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
   local tk0, pt0 = tk, pt
   tk = math.min(burst, tk - amount)

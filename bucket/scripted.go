@@ -35,6 +35,7 @@ type scripted struct {
 	waiting *refunds // of the token bucket's waiters (WaitMax)
 	single  bool     // WithoutCoalescing
 	last    *lastNames
+	pinLog  *pinLog
 
 	leasing leaseConfig // WithLeasing (NewRedis only)
 }
@@ -46,7 +47,7 @@ func newScripted(rdb redis.UniversalClient, backend backends, ctor string, limit
 	}
 	s := scripted{rdb: rdb, dims: dims, param: make([]any, len(dims)), prefix: c.prefix, suffix: suffix,
 		policy: c.policy, fo: newFailover(rdb, c, dims), metrics: c.metrics, single: c.single, leasing: c.leasing,
-		last: &lastNames{}}
+		last: &lastNames{}, pinLog: &pinLog{}}
 	for i, d := range dims {
 		s.param[i] = param(d)
 	}
@@ -76,8 +77,8 @@ func (s *scripted) dimKey(base, dim string) string {
 // dimensions cost charges: KEYS are key's adaptive state (if s.state) and
 // each such dimension's, ARGV is head, then param, burst and amount for
 // each. It says how many dimension keys there are; with none, argv is nil.
-// With reserve, amounts are checked against the limits; else a debit is
-// cut to a burst, unless whole: a share's debt, which names each window's
+// With reserve, amounts are checked against the limits; else a debit or a
+// refund is cut to a burst, unless whole: a share's debt, which names each window's
 // amount (share.take), where other costs give a window its dimension's.
 func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...any) (argv []any, dims int, err error) {
 	if key == "" {
@@ -101,7 +102,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 		} else if err := checkDelta(d.name, v); err != nil {
 			return nil, 0, err
 		} else if !whole {
-			v = min(v, d.limit.Burst) // a debit takes at most a burst (see Bucket.Adjust)
+			v = max(min(v, d.limit.Burst), -d.limit.Burst) // a debit or a refund is at most a burst (see Bucket.Adjust)
 		}
 		if argv == nil {
 			// Room for every dimension's key: ARGV moves down over what
@@ -201,10 +202,10 @@ func (s *scripted) reserveBy(ctx context.Context, script *script, key string, co
 func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait time.Duration, v any, err error, dims int) (Reservation, []constraint, server, error) {
 	var w int64
 	var epoch uint64
-	var held bool
+	var pins int64
 	var place []constraint
 	if err == nil {
-		w, epoch, held, place, err = reservation(v, dims)
+		w, epoch, pins, place, err = reservation(v, dims)
 	}
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
@@ -218,8 +219,11 @@ func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait t
 		// caller's wait accounting must not trust it.
 		return Reservation{}, nil, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
 	}
-	if held {
+	if pins&pinHeld != 0 {
 		s.warnHeld()
+	}
+	if pins&pinIgnored != 0 {
+		s.pinLog.ignored(s.fo.logger(), s.prefix)
 	}
 	if w > 0 {
 		s.fo.slot(key, s.fo.clock.Now().Add(micros(w)))
@@ -248,37 +252,54 @@ func micros(n int64) time.Duration {
 	return time.Duration(n) * time.Microsecond
 }
 
+// The pins' flags of a reserve script's reply (see reserveScript).
+const (
+	pinHeld    = 1 // a dimension is held below this process's limit
+	pinIgnored = 2 // a pin too far from this process's limit was ignored
+)
+
 // reservation reads a reserve script's reply over dims dimension keys:
-// the wait in microseconds, or the wait and the key's epoch, and then 1 if
-// the key is held below this process's limit; or, for a wait that may move
-// up, the wait, the epoch, 0 or 1, and the reservation's place.
-func reservation(v any, dims int) (w int64, epoch uint64, held bool, place []constraint, err error) {
+// the wait in microseconds, or the wait and the key's epoch, and then the
+// pins' flags (pinHeld, pinIgnored) if any; or, for a wait that may move
+// up, the wait, the epoch, the pins' flags, and the reservation's place.
+func reservation(v any, dims int) (w int64, epoch uint64, pins int64, place []constraint, err error) {
 	switch v := v.(type) {
 	case int64:
-		return v, 0, false, nil, nil
+		return v, 0, 0, nil, nil
 	case []any:
 		if len(v) < 2 {
 			break // a reply the scripts never give: not indexed
 		}
 		w, ok1 := v[0].(int64)
 		e, ok2 := v[1].(int64)
-		ok := ok1 && ok2 && e >= 0
+		pins, ok3 := pinsOf(v)
+		ok := ok1 && ok2 && ok3 && e >= 0
 		switch {
 		case !ok:
-		case len(v) == 2 || len(v) == 3 && v[2] == int64(1):
-			return w, uint64(e), len(v) == 3, nil, nil
-		case len(v) == 3+placeFields*dims && (v[2] == int64(0) || v[2] == int64(1)) && w > 0:
+		case len(v) == 2 || len(v) == 3 && pins != 0:
+			return w, uint64(e), pins, nil, nil
+		case len(v) == 3+placeFields*dims && w > 0:
 			if place, err = places(v[3:], time.Now()); err == nil {
-				return w, uint64(e), v[2] == int64(1), place, nil
+				return w, uint64(e), pins, place, nil
 			}
 		}
 	}
-	return 0, 0, false, nil, fmt.Errorf("unexpected reply %v", v)
+	return 0, 0, 0, nil, fmt.Errorf("unexpected reply %v", v)
+}
+
+// pinsOf reads the pins' flags of a reserve script's reply v: 0 if it has
+// none; and whether they are valid.
+func pinsOf(v []any) (int64, bool) {
+	if len(v) < 3 {
+		return 0, true
+	}
+	pins, ok := v[2].(int64)
+	return pins, ok && pins >= 0 && pins <= pinHeld|pinIgnored
 }
 
 // placeFields is how many fields of a script's reply give the place of a
 // dimension (place, in the token bucket scripts).
-const placeFields = 8
+const placeFields = 9
 
 // places reads the places of a reply (place, in the token bucket scripts),
 // as of at, which it was read at: for each dimension, its own bucket's
@@ -289,25 +310,41 @@ func places(v []any, at time.Time) ([]constraint, error) {
 	}
 	cs := make([]constraint, 0, 2*len(v)/placeFields)
 	for i := 0; i < len(v); i += placeFields {
-		f := v[i : i+placeFields]
-		w, ok1 := f[0].(int64)
-		rate, ok2 := f[2].(int64)
-		from, ok3 := f[3].(int64)
-		wp, ok4 := f[4].(int64)
-		prate, ok5 := f[6].(int64)
-		life, ok6 := f[7].(string)
-		credit, err1 := creditOf(f[1])
-		pcredit, err2 := creditOf(f[5])
-		if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) || err1 != nil || err2 != nil ||
-			w < 0 || from < 0 || wp < -1 || rate < 0 || prate < 0 {
-			return nil, fmt.Errorf("a place %v", f)
+		own, prov, err := placeOf(v[i:i+placeFields], at)
+		if err != nil {
+			return nil, err
 		}
-		when := func(us int64) time.Time { return at.Add(micros(us)) }
-		cs = append(cs,
-			constraint{ok: true, at: when(w), from: when(from), credit: credit, rate: float64(rate) / 1e6, life: life},
-			constraint{ok: wp >= 0, at: when(max(wp, 0)), from: when(from), credit: pcredit, rate: float64(prate) / 1e6, life: life})
+		cs = append(cs, own, prov)
 	}
 	return cs, nil
+}
+
+// placeOf reads one dimension's place, f, as of at: its own bucket's
+// constraint and the provider's.
+func placeOf(f []any, at time.Time) (own, prov constraint, err error) {
+	// The integers: the wait, the rate, the wait until from, the
+	// provider's wait (-1: none) and rate, the wait until the pin lapses.
+	var n [6]int64
+	for j, i := range [...]int{0, 2, 3, 4, 6, 8} {
+		v, ok := f[i].(int64)
+		if !ok || v < -1 || v == -1 && i != 4 {
+			return own, prov, fmt.Errorf("a place %v", f)
+		}
+		n[j] = v
+	}
+	life, ok := f[7].(string)
+	credit, err1 := creditOf(f[1])
+	pcredit, err2 := creditOf(f[5])
+	if !ok || err1 != nil || err2 != nil {
+		return own, prov, fmt.Errorf("a place %v", f)
+	}
+	when := func(us int64) time.Time { return at.Add(micros(us)) }
+	own = constraint{ok: true, at: when(n[0]), from: when(n[2]), credit: credit, rate: float64(n[1]) / 1e6, life: life}
+	if n[5] > 0 {
+		own.pinned = when(n[5])
+	}
+	prov = constraint{ok: n[3] >= 0, at: when(max(n[3], 0)), from: when(n[2]), credit: pcredit, rate: float64(n[4]) / 1e6, life: life}
+	return own, prov, nil
 }
 
 // creditOf reads a credit: an integer of millionths, as Redis wrote it.
@@ -317,6 +354,23 @@ func creditOf(v any) (int64, error) {
 		return 0, fmt.Errorf("a credit %v", v)
 	}
 	return strconv.ParseInt(s, 10, 64)
+}
+
+// pinLog limits the error logs of pins ignored (see pinOne in the
+// scripts) to one a minute.
+type pinLog struct{ at atomic.Int64 }
+
+// ignored logs at error level, at most once a minute, that a key of the
+// bucket with prefix has a pin too far from this process's limit to count.
+func (p *pinLog) ignored(log *slog.Logger, prefix string) {
+	now, last := time.Now().UnixNano(), p.at.Load()
+	if now-last < int64(time.Minute) || !p.at.CompareAndSwap(last, now) {
+		return
+	}
+	log.LogAttrs(context.Background(), slog.LevelError,
+		"sluice: a process of the fleet limits a key of this bucket more than 1000 times lower or higher than this "+
+			"process does: a configuration error; neither holds the other to its limit",
+		slog.String("prefix", prefix))
 }
 
 // warnHeld logs, at most once a minute, that Redis holds a key of this
