@@ -47,13 +47,21 @@ func readHead(r *http.Request) (head, error) {
 		return head{}, err
 	}
 	defer body.Close()
-	return scanHead(body)
+	return scanHead(body, r.ContentLength)
 }
 
-// scanHead reads the head of the JSON object body holds (see readHead).
-func scanHead(body io.Reader) (head, error) {
+// headChunk is the most scanHead reads at once.
+const headChunk = 16 << 10
+
+// scanHead reads the head of the JSON object body holds (see readHead),
+// size bytes long if size > 0, at most headChunk bytes at a time.
+func scanHead(body io.Reader, size int64) (head, error) {
 	s := newHeadScanner()
-	buf := make([]byte, 16<<10)
+	n := headChunk
+	if size > 0 && size < headChunk {
+		n = int(size) + 1 // +1: to read the end of the body in the same Read
+	}
+	buf := make([]byte, n)
 	read := 0
 	for s.state != scanDone && s.err == nil {
 		n, err := body.Read(buf)
@@ -114,24 +122,27 @@ const (
 // allocates nothing else: every other value is skipped as it goes by.
 type headScanner struct {
 	state  scanState
-	depth  int  // arrays and objects open in the value
-	str    bool // in a string (a key, or in the value)
-	esc    bool // after a backslash in that string
-	scalar bool // the value is a number or a literal
-	key    int  // the key of head whose value is being read; -1: none
-	name   []byte
+	depth  int              // arrays and objects open in the value
+	str    bool             // in a string (a key, or in the value)
+	esc    bool             // after a backslash in that string
+	scalar bool             // the value is a number or a literal
+	key    int              // the key of head whose value is being read; -1: none
+	name   []byte           // the key being read, as the JSON gives it, within maxKeyToken
 	vals   [headKeys][]byte // the last value of each key, as the JSON gives it
 	long   [headKeys]bool   // that value passed maxValueToken
 	err    error
 }
 
 func newHeadScanner() *headScanner {
-	s := &headScanner{key: -1, name: make([]byte, 0, maxKeyToken)}
-	s.vals[keyModel] = make([]byte, 0, maxValueToken)
-	for k := keyMaxTokens; k < headKeys; k++ {
-		s.vals[k] = make([]byte, 0, 32)
+	return &headScanner{key: -1}
+}
+
+// valueBound is the most kept of the value of key k of head.
+func valueBound(k int) int {
+	if k == keyModel {
+		return maxValueToken
 	}
-	return s
+	return 32 // an integer's
 }
 
 // scan reads the next bytes of the body.
@@ -291,13 +302,13 @@ func (s *headScanner) endValue() {
 func (s *headScanner) keep(b []byte) {
 	switch {
 	case s.state == scanKeyString:
-		if len(s.name)+len(b) <= cap(s.name) {
+		if len(s.name)+len(b) <= maxKeyToken {
 			s.name = append(s.name, b...)
 		} else {
 			s.name = append(s.name[:0], '!') // no key of head's
 		}
 	case s.state == scanInValue && s.key >= 0:
-		if v := s.vals[s.key]; len(v)+len(b) <= cap(v) {
+		if v := s.vals[s.key]; len(v)+len(b) <= valueBound(s.key) {
 			s.vals[s.key] = append(v, b...)
 		} else {
 			s.long[s.key] = true

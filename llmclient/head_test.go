@@ -94,7 +94,7 @@ func TestScanHead(t *testing.T) {
 		want, valid := decodeHead([]byte(body))
 		valid = valid && json.Valid([]byte(body))
 		for _, r := range []io.Reader{strings.NewReader(body), iotest.OneByteReader(strings.NewReader(body))} {
-			got, err := scanHead(r)
+			got, err := scanHead(r, -1)
 			if valid {
 				require.NoError(t, err, body)
 				assert.Equal(t, want, got, body)
@@ -103,11 +103,11 @@ func TestScanHead(t *testing.T) {
 			}
 		}
 	}
-	got, err := scanHead(strings.NewReader(`{"model":"m"}trailing`))
+	got, err := scanHead(strings.NewReader(`{"model":"m"}trailing`), -1)
 	require.NoError(t, err, "what follows the object is not read")
 	assert.Equal(t, "m", got.Model)
 	for _, body := range []string{`{"model":"m",}`, `{"model" "m"}`, `{"model":"m"`, `["model","m"]`, ``, `{"model":tru"e"}`} {
-		_, err := scanHead(strings.NewReader(body))
+		_, err := scanHead(strings.NewReader(body), -1)
 		assert.ErrorIs(t, err, errNotAnObject, body)
 	}
 }
@@ -115,9 +115,9 @@ func TestScanHead(t *testing.T) {
 // TestScanHeadPastItsBound: a body past 64 MiB is not read to its end.
 func TestScanHeadPastItsBound(t *testing.T) {
 	body := `{"messages":[{"content":"` + strings.Repeat("x", maxHeadBody) + `"}],"model":"gpt-4.1"}`
-	_, err := scanHead(strings.NewReader(body))
+	_, err := scanHead(strings.NewReader(body), -1)
 	assert.ErrorIs(t, err, errHeadTooBig)
-	h, err := scanHead(strings.NewReader(body[len(body)-maxHeadBody:]))
+	h, err := scanHead(strings.NewReader(body[len(body)-maxHeadBody:]), -1)
 	assert.ErrorIs(t, err, errNotAnObject, "the tail is no object")
 	assert.Empty(t, h.Model)
 }
@@ -131,10 +131,11 @@ func FuzzScanHead(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte, chunk uint16) {
 		var r io.Reader = bytes.NewReader(body)
+		size := int64(len(body)) // as http.NewRequest sets ContentLength
 		if chunk > 0 {
-			r = &chunkReader{b: body, n: int(chunk)}
+			r, size = &chunkReader{b: body, n: int(chunk)}, -1
 		}
-		got, err := scanHead(r)
+		got, err := scanHead(r, size)
 		if want, ok := decodeHead(body); ok && json.Valid(body) {
 			require.NoError(t, err)
 			require.Equal(t, want, got)
