@@ -38,12 +38,14 @@ func largeRequest(model string) string {
 // so a 9 MiB request with its model last was keyed without it, and
 // bucket.Route charged it to the default: 8 calls reached the upstream in
 // 20-277 ms against gpt-4.1's 2 a second. Each is now charged to its model,
-// whose clock stands still: of 4 calls, Burst + Rate*0 = 2 reach the
-// upstream, and the 2 others, whose slots are past the 100 ms they may
-// wait, fail at once with bucket.ErrDeadline. (4, not 8: RequestCost
-// decodes each 9 MiB body, about 1 s on a loaded machine.)
+// whose clock stands still: of 8 calls, Burst + Rate*0 = 2 reach the
+// upstream, and the 6 others, whose slots are past the 100 ms they may
+// wait, fail at once with bucket.ErrDeadline. The preset's cost is
+// replaced by {requests: 1}: RequestCost decodes each 9 MiB body whole
+// (about 1 s on a loaded machine, under -race 5), and the key is what is
+// tested.
 func TestRouteHoldsForALargeRequest(t *testing.T) {
-	const calls = 4
+	const calls = 8
 	model := bucket.Limit{Rate: 2, Burst: 2}
 	var upstream atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -56,7 +58,8 @@ func TestRouteHoldsForALargeRequest(t *testing.T) {
 	plan := bucket.Route(llmclient.KeyModel,
 		map[string]bucket.Bucket{"gpt-4.1": bucket.NewLocal(model, bucket.WithClock(llmfixture.Frozen{}))},
 		bucket.NewLocal(bucket.PerSecond(1000), bucket.WithClock(llmfixture.Frozen{})))
-	hc := &http.Client{Transport: transport.New(nil, llmclient.OpenAI(plan), transport.WithMaxWait(100*time.Millisecond))}
+	hc := &http.Client{Transport: transport.New(nil, llmclient.OpenAI(plan), transport.WithMaxWait(100*time.Millisecond),
+		transport.WithCost(func(*http.Request) bucket.Cost { return bucket.Cost{bucket.Requests: 1} }))}
 	body := largeRequest("gpt-4.1")
 	var wg sync.WaitGroup
 	var refused atomic.Int64
