@@ -20,7 +20,7 @@ type head struct {
 }
 
 // maxHeadBody bounds the bytes of a body that readHead scans: twice the
-// 32 MB Anthropic's Messages API accepts, and past what OpenAI's accepts.
+// 32 MB that Anthropic's Messages API accepts.
 const maxHeadBody = 64 << 20
 
 // Why readHead could not read a body's head.
@@ -57,11 +57,11 @@ const headChunk = 16 << 10
 // size bytes long if size > 0, at most headChunk bytes at a time.
 func scanHead(body io.Reader, size int64) (head, error) {
 	s := newHeadScanner()
-	n := headChunk
+	bufSize := headChunk
 	if size > 0 && size < headChunk {
-		n = int(size) + 1 // +1: to read the end of the body in the same Read
+		bufSize = int(size) + 1 // +1: to read the end of the body in the same Read
 	}
-	buf := make([]byte, n)
+	buf := make([]byte, bufSize)
 	read := 0
 	for s.state != scanDone && s.err == nil {
 		n, err := body.Read(buf)
@@ -129,7 +129,7 @@ type headScanner struct {
 	key    int              // the key of head whose value is being read; -1: none
 	name   []byte           // the key being read, as the JSON gives it, within maxKeyToken
 	vals   [headKeys][]byte // the last value of each key, as the JSON gives it
-	long   [headKeys]bool   // that value passed maxValueToken
+	long   [headKeys]bool   // that value passed its valueBound
 	err    error
 }
 

@@ -65,9 +65,12 @@ func KeyModel(key string) string {
 // and bucket.Route, given llmclient.KeyModel, charges them to
 // plan[UnknownModel]: give that class the limits of the plan's strictest
 // model, so that no call escapes a model's limits by hiding its model
-// (without it they go to the plan's default). A provider refuses such a
-// body (Anthropic's Messages API takes 32 MB at most), so they spend
-// little of any model's quota. ModelKey logs them, once a minute at most.
+// (without it they go to the plan's default). A provider refuses a body
+// that is malformed or that large (Anthropic's Messages API takes 32 MB at
+// most), so most such calls spend little of any model's quota; a body
+// without GetBody is sent as it is, and http.NewRequest sets GetBody for
+// the bodies SDKs send (bytes and strings). ModelKey logs them, once a
+// minute at most.
 const UnknownModel = "?"
 
 // ModelKey keys a request by whose quota it draws on and by the model it
