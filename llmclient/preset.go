@@ -1,8 +1,8 @@
 package llmclient
 
 import (
-	"encoding/json"
-	"io"
+	"context"
+	"log/slog"
 	"net/http"
 	"strings"
 
@@ -58,8 +58,20 @@ func KeyModel(key string) string {
 	return ""
 }
 
-// maxModelBody bounds what ModelKey reads of a body to find its model.
-const maxModelBody = 8 << 20
+// UnknownModel is the model ModelKey gives a call whose body has a model
+// it cannot read: a body that is not a JSON object, is malformed, is past
+// 64 MiB, or cannot be read again (no GetBody), or whose "model" is not a
+// string of at most 256 bytes. Such calls share one key per credential,
+// and bucket.Route, given llmclient.KeyModel, charges them to
+// plan[UnknownModel]: give that class the limits of the plan's strictest
+// model, so that no call escapes a model's limits by hiding its model
+// (without it they go to the plan's default). A provider refuses a body
+// that is malformed or that large (Anthropic's Messages API takes 32 MB at
+// most), so most such calls spend little of any model's quota; a body
+// without GetBody is sent as it is, and http.NewRequest sets GetBody for
+// the bodies SDKs send (bytes and strings). ModelKey logs them, once a
+// minute at most.
+const UnknownModel = "?"
 
 // ModelKey keys a request by whose quota it draws on and by the model it
 // asks for, as OpenAI and Anthropic limit each model apart:
@@ -67,8 +79,10 @@ const maxModelBody = 8 << 20
 // if the request names its organisation in an OpenAI-Organization header,
 // the host and that organisation, since an organisation's API keys share
 // its limits; then "/" and the "model" of the JSON body. The body is read
-// from a copy (GetBody), at most 8 MiB of it; a request with no such body,
-// or no model in it, gets the key without a model.
+// from a copy (GetBody), wherever its "model" sits in it, without being
+// held twice in memory; a request with no body, or a JSON object with no
+// model, gets the key without a model, and one whose model cannot be read
+// gets UnknownModel.
 func ModelKey(r *http.Request) string {
 	key := transport.CredentialKey(r)
 	if org := r.Header.Get("OpenAI-Organization"); org != "" {
@@ -83,36 +97,36 @@ func ModelKey(r *http.Request) string {
 	return key
 }
 
-// bodyModel returns the "model" of r's JSON body, or "".
+// bodyModel returns the "model" of r's JSON body, "" if it has none, or
+// UnknownModel if it cannot be read.
 func bodyModel(r *http.Request) string {
-	h, ok := readHead(r)
-	if !ok || len(h.Model) > maxModelName {
+	h, err := readHead(r)
+	switch {
+	case err == errNoBody:
 		return ""
+	case err != nil:
+		warnUnknownModel(r, err.Error())
+		return UnknownModel
+	case h.BadModel:
+		warnUnknownModel(r, "a model that is not a string of at most 256 bytes")
+		return UnknownModel
 	}
 	return h.Model
 }
 
-// head is what the presets read of a request's JSON body besides its
-// cost: its model and its cap on the completion.
-type head struct {
-	Model               string `json:"model"`
-	MaxTokens           int    `json:"max_tokens"`
-	MaxCompletionTokens int    `json:"max_completion_tokens"`
-}
+// unknownModelWarned limits warnUnknownModel to once a minute.
+var unknownModelWarned everyMinute
 
-// readHead decodes the head of r's JSON body, from a copy, at most 8 MiB
-// of it, keeping nothing else.
-func readHead(r *http.Request) (head, bool) {
-	var h head
-	if r == nil || r.GetBody == nil || r.Body == nil || r.Body == http.NoBody {
-		return h, false
+// warnUnknownModel logs, at most once a minute, that a call to r's host
+// was keyed under UnknownModel, and why.
+func warnUnknownModel(r *http.Request, why string) {
+	if !unknownModelWarned.due() {
+		return
 	}
-	body, err := r.GetBody()
-	if err != nil {
-		return h, false
-	}
-	defer body.Close()
-	return h, json.NewDecoder(io.LimitReader(body, maxModelBody)).Decode(&h) == nil
+	slog.Default().LogAttrs(context.Background(), slog.LevelWarn,
+		"sluice: a request's model could not be read from its body, so it is keyed under llmclient.UnknownModel: "+
+			"give that class your strictest model's limits in bucket.Route",
+		slog.String("host", r.URL.Host), slog.String("reason", why))
 }
 
 // maxModelName bounds a model's name in a key: a longer one is no model's.

@@ -27,10 +27,11 @@ func TestModelKey(t *testing.T) {
 		{"model after the messages", `{"messages":[{"role":"user","content":"hi"}],"model":"gpt-4.1-mini"}`, "", cred + "/gpt-4.1-mini"},
 		{"an organisation", `{"model":"gpt-4.1"}`, "org-123", "https://api.openai.com#org-123/gpt-4.1"},
 		{"no model", `{"messages":[]}`, "", cred},
-		{"not JSON", `model=gpt-4.1`, "", cred},
-		{"a model that is not a string", `{"model":7}`, "", cred},
-		{"a name too long to be a model's", `{"model":"` + strings.Repeat("m", 257) + `"}`, "", cred},
-		{"a body too large to read", `{"messages":[{"content":"` + strings.Repeat("x", 8<<20) + `"}],"model":"gpt-4.1"}`, "", cred},
+		{"null", `{"model":null}`, "", cred},
+		{"not JSON", `model=gpt-4.1`, "", cred + "/" + llmclient.UnknownModel},
+		{"a model that is not a string", `{"model":7}`, "", cred + "/" + llmclient.UnknownModel},
+		{"a name too long to be a model's", `{"model":"` + strings.Repeat("m", 257) + `"}`, "", cred + "/" + llmclient.UnknownModel},
+		{"past 8 MiB", `{"messages":[{"content":"` + strings.Repeat("x", 8<<20) + `"}],"model":"gpt-4.1"}`, "", cred + "/gpt-4.1"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			req, err := http.NewRequest("POST", "https://api.openai.com/v1/chat/completions", strings.NewReader(c.body))

@@ -82,8 +82,8 @@ func MeterOpenAIUsage(resp *http.Response) transport.UsageMeter {
 	if m == nil {
 		return nil
 	}
-	h, ok := readHead(resp.Request)
-	if !ok {
+	h, err := readHead(resp.Request)
+	if err != nil {
 		return m
 	}
 	c := h.MaxCompletionTokens
@@ -373,14 +373,26 @@ func (m *sseMeter) Cost() (bucket.Cost, bool) {
 	return m.u.cost(m.cap)
 }
 
-// warnedNoUsage is when warnNoUsage last logged, Unix ns.
-var warnedNoUsage atomic.Int64
+// everyMinute says when something may be logged again: once a minute at
+// most, whatever the number of goroutines asking.
+type everyMinute struct {
+	last atomic.Int64 // when it was last due, Unix ns
+}
+
+// due reports whether a minute has passed since it was last due, and if
+// so starts the next minute.
+func (e *everyMinute) due() bool {
+	now, last := time.Now().UnixNano(), e.last.Load()
+	return now-last >= int64(time.Minute) && e.last.CompareAndSwap(last, now)
+}
+
+// warnedNoUsage limits warnNoUsage to once a minute.
+var warnedNoUsage everyMinute
 
 // warnNoUsage logs, at most once a minute, that a chat completion stream
 // ended without a usage: its charge stands unreconciled.
 func warnNoUsage() {
-	now, last := time.Now().UnixNano(), warnedNoUsage.Load()
-	if now-last < int64(time.Minute) || !warnedNoUsage.CompareAndSwap(last, now) {
+	if !warnedNoUsage.due() {
 		return
 	}
 	slog.Default().LogAttrs(context.Background(), slog.LevelWarn,

@@ -306,6 +306,7 @@ func TestMeterOpenAIUsage(t *testing.T) {
 	assert.Equal(t, 56.0, meter(`{`+msgs+`,"max_tokens":100,"max_completion_tokens":50}`, "application/json", usage))
 	assert.Equal(t, 16.0, meter(`{`+msgs+`,"max_tokens":5}`, "application/json", usage), "the usage, above the cap")
 	assert.Equal(t, 16.0, meter(`{`+msgs+`}`, "application/json", usage), "no cap: the usage")
+	assert.Equal(t, 6.0+100, meter(largeRequest("gpt-4.1"), "application/json", usage), "the cap after 9 MiB of messages")
 	assert.Equal(t, 106.0, meter(`{`+msgs+`,"max_tokens":100,"stream":true}`, "text/event-stream",
 		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":6,\"completion_tokens\":10,\"total_tokens\":16}}\n\ndata: [DONE]\n\n"))
 }

@@ -67,34 +67,55 @@ func newCounter(enc *encoding) *counter {
 	return &counter{enc: enc, left: maxText}
 }
 
-// add counts the tokens of s.
+// add counts the tokens of s. It cuts s to what is left of maxText before
+// anything else, then tokenizes it a chunk at a time, each chunk made valid
+// UTF-8 (see count) on its own: text past maxText is neither read nor
+// copied, however much of it there is, and no more than a chunk is ever
+// cleaned at once.
 func (k *counter) add(s string) {
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD") // as a JSON decoder leaves it
-	}
 	if len(s) > k.left {
 		n := k.left
-		for n > 0 && !utf8.RuneStart(s[n]) {
-			n--
+		for back := 0; back < utf8.UTFMax-1 && n > 0 && !utf8.RuneStart(s[n]); back++ {
+			n-- // to the start of the rune maxText cuts, if s is valid there
 		}
 		k.skipped += len(s) - n
 		s = s[:n]
 	}
 	k.left -= len(s)
 	k.tokenized += len(s)
-	c := k.enc.get()
 	for len(s) > 0 {
 		n, hard := cut(s, maxChunk)
 		if hard {
 			k.hardCuts++
 		}
-		t, err := c.Count(s[:n])
-		if err != nil { // only in the codec's strict mode, never set here
-			t = (n + 3) / 4
-		}
-		k.tokens += t
+		k.tokens += k.count(s[:n])
 		s = s[n:]
 	}
+}
+
+// addJoined counts the tokens of parts joined, which it joins only if any
+// of them is to be tokenized.
+func (k *counter) addJoined(parts ...string) {
+	if k.left > 0 {
+		k.add(strings.Join(parts, ""))
+		return
+	}
+	for _, p := range parts {
+		k.skipped += len(p)
+	}
+}
+
+// count returns the tokens of a chunk, its invalid UTF-8 replaced first as
+// strings.ToValidUTF8 does (a run of invalid bytes by one U+FFFD).
+func (k *counter) count(chunk string) int {
+	if !utf8.ValidString(chunk) {
+		chunk = strings.ToValidUTF8(chunk, "\uFFFD")
+	}
+	t, err := k.enc.get().Count(chunk)
+	if err != nil { // only in the codec's strict mode, never set here
+		t = (len(chunk) + 3) / 4
+	}
+	return t
 }
 
 // total returns the tokens counted, the text past maxText at the rate of
@@ -125,8 +146,8 @@ func cut(s string, max int) (n int, hard bool) {
 		return len(s), false
 	}
 	end := max
-	for end > 0 && !utf8.RuneStart(s[end]) {
-		end--
+	for back := 0; back < utf8.UTFMax-1 && end > 0 && !utf8.RuneStart(s[end]); back++ {
+		end-- // to the start of the rune max cuts, if s is valid UTF-8 there
 	}
 	if end == 0 { // max is shorter than the first rune
 		_, size := utf8.DecodeRuneInString(s)
