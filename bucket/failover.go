@@ -305,6 +305,7 @@ type failover struct {
 	failing   atomic.Bool               // calls have gone to the share since the last that worked
 	coldUntil atomic.Int64              // Unix ns
 
+	pins       pins // the fleet's lower limits this process has seen, by key
 	slotsMu    sync.Mutex
 	slots      map[string]time.Time // the end of each key's last slot on Redis, by clock
 	slotsSweep int                  // len(slots) at which passed slots are next forgotten

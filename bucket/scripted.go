@@ -218,9 +218,7 @@ func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait t
 		// caller's wait accounting must not trust it.
 		return Reservation{}, nil, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
 	}
-	if held {
-		s.warnHeld()
-	}
+	s.heldLower(ctx, key, held)
 	if w > 0 {
 		s.fo.slot(key, s.fo.clock.Now().Add(micros(w)))
 	}

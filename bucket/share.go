@@ -59,7 +59,7 @@ func (f *failover) fallback(err error) *share {
 			return t
 		}
 	}
-	sh := newShare(f.dims, n, f.clock, f.policy, start, old)
+	sh := newShare(f.dims, n, f.clock, f.policy, start, f.pins.of, old)
 	f.share.Store(sh)
 	f.failing.Store(true) // after the store: who sees it failing finds the new share
 	return sh
@@ -159,8 +159,9 @@ type share struct {
 // share's debt is the bucket's); owing what old did not settle, and
 // starting each key's windows where old left them. A share is
 // never smaller than a Limit can be: with more members than that allows,
-// each takes the least.
-func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func(string) time.Time, old *share) *share {
+// each takes the least. A key the fleet held below this process's limits
+// (pinned(key), by dimension; nil if not) takes its part of those.
+func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func(string) time.Time, pinned func(string) []Limit, old *share) *share {
 	for _, d := range dims {
 		n = max(1, min(n, int64(d.limit.Rate/minRate), int64(d.limit.Burst/minBurst)))
 	}
@@ -172,6 +173,17 @@ func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func
 		bursts[i] = d.limit.Burst
 	}
 	s := &share{members: n, local: newLocal(parts, clk, policy, start, bursts), owed: map[string]Cost{}}
+	s.local.limits = func(key string) []Limit {
+		ls := pinned(key)
+		if ls == nil {
+			return nil
+		}
+		own := make([]Limit, len(ls))
+		for i, l := range ls {
+			own[i] = Limit{Rate: l.Rate / float64(n), Burst: l.Burst / float64(n)}
+		}
+		return own
+	}
 	if old != nil {
 		s.prev = old.local
 		s.local.windows = old.local.windowTokens // where the last share left them
