@@ -28,6 +28,18 @@ func (f *failover) fallback(err error) *share {
 	if !errors.As(err, &ue) {
 		return nil
 	}
+	sh := f.shareFor()
+	if !brokenConn(ue.Err) {
+		// A slow or refusing Redis fails every process's calls, not
+		// one connection's (see failover.settle).
+		sh.outage.Store(true)
+	}
+	return sh
+}
+
+// shareFor returns the share bucket of the outage under way, or a new one
+// (see fallback).
+func (f *failover) shareFor() *share {
 	n := max(f.members.Load(), 1)
 	if f.failing.Load() { // then the share loaded next is this outage's
 		if sh := f.share.Load(); sh != nil && sh.members == n {
@@ -60,9 +72,6 @@ func (f *failover) fallback(err error) *share {
 		}
 	}
 	sh := newShare(f.dims, n, f.clock, f.policy, start, f.pins.of, old)
-	if f.cb.State() != gobreaker.StateClosed {
-		sh.outage.Store(true)
-	}
 	f.share.Store(sh)
 	f.failing.Store(true) // after the store: who sees it failing finds the new share
 	return sh
@@ -71,8 +80,9 @@ func (f *failover) fallback(err error) *share {
 // settle debits from Redis, with debit, what this process admitted on its
 // share for key while Redis was unavailable, once Redis serves key again.
 // With gauge (the token bucket's, which reads key's tokens and rates on
-// Redis), and if the breaker opened (the whole fleet's calls were likely
-// failing, not this process's alone), it debits too what the rest of the
+// Redis), and if the share took a failure of the whole fleet's (the
+// breaker open, a timeout, a refusal: not one connection that broke; see
+// share.outage), it debits too what the rest of the
 // fleet's shares are likely to have spent (see share.others): the members
 // come back one at a time, and the first back must not take from Redis
 // what the others are still spending on their shares.
@@ -185,9 +195,10 @@ type share struct {
 	mu    sync.Mutex
 	owed  map[string]Cost
 	owing atomic.Int64 // len(owed)
-	// outage: the breaker opened during the share's life (see
-	// failover.settle); a share whose calls failed alone, with the
-	// breaker closed, was this process's alone.
+	// outage: the share took a call that failed as every process's calls
+	// do (the breaker opened, a timeout, a refused connection; see
+	// failover.settle); one whose calls failed only on connections that
+	// broke (lost replies) was this process's alone.
 	outage atomic.Bool
 }
 
