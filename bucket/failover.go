@@ -305,10 +305,11 @@ type failover struct {
 	failing   atomic.Bool               // calls have gone to the share since the last that worked
 	coldUntil atomic.Int64              // Unix ns
 
+	pins       pins // the fleet's lower limits this process has seen, by key
 	slotsMu    sync.Mutex
-	slots      map[string]time.Time // the end of each key's last slot on Redis, by clock
-	slotsSweep int                  // len(slots) at which passed slots are next forgotten
-	shareMu    sync.Mutex           // held to replace share
+	slots      map[string]slotSeen // each key's last slot on Redis, by clock
+	slotsSweep int                 // len(slots) at which passed slots are next forgotten
+	shareMu    sync.Mutex          // held to replace share
 
 	m *meters // nil: no metrics
 
@@ -380,6 +381,9 @@ func (f *failover) stateChanged(from, to gobreaker.State) {
 			what, state = "calls take this process's share of the limit (fail-open)", "fail_open"
 		}
 		f.m.transition(state)
+		if sh := f.share.Load(); sh != nil {
+			sh.outage.Store(true) // the share that the failure which opened it went to
+		}
 		f.logger().LogAttrs(context.Background(), slog.LevelWarn, "sluice: redis unavailable: "+what,
 			slog.String("addr", f.addr))
 	case to == gobreaker.StateClosed && f.misconfig.Load() == nil: // a configuration error is logged as one

@@ -178,6 +178,7 @@ func matrixRows() []matrixRow {
 			setup: func(e *matrixRun) { e.proxy.SetUpstream(e.replica(0).Addr) }},
 		{name: "maxmemory allkeys-lru", misconfig: true, setup: func(e *matrixRun) { e.fillMemory("allkeys-lru") }},
 		{name: "maxmemory volatile-ttl", misconfig: true, setup: func(e *matrixRun) { e.fillMemory("volatile-ttl") }},
+		slowReplies,
 		{name: "30% replies dropped", act: func(e *matrixRun) { e.proxy.SetDropReplies(0.3) }},
 		{name: "DEBUG SLEEP 2", server: []string{"--enable-debug-command", "local"}, at: matrixMid,
 			act: func(e *matrixRun) { e.do(e.direct(), "DEBUG", "SLEEP", "2") }},

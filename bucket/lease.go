@@ -348,9 +348,7 @@ func (r *Redis) takeLease(ctx context.Context, key string, size, give []float64)
 	if !ok1 || !ok2 || !ok3 || e < 0 {
 		return false, 0, fmt.Errorf("bucket: redis lease: unexpected reply %v", v)
 	}
-	if h == 1 {
-		r.warnHeld()
-	}
+	r.heldLower(ctx, key, h == 1)
 	return g == 1, uint64(e), nil
 }
 

@@ -24,6 +24,7 @@ type Local struct {
 	adapt    adaptation
 	start    func(key string) time.Time    // nil: keys start full; else empty, not before start(key) (a share)
 	windows  func(key string) (Cost, bool) // nil: windows start full; else as it says, if it knows key (a share: the last share's)
+	limits   func(key string) []Limit      // nil: every key has dims' limits; else, if not nil for key, lower ones by dimension (a share: the fleet's pins)
 	maxDelta []float64                     // the most one Adjust debits or refunds, by dimension
 	m        *meters                       // nil: no metrics
 	waiting  refunds                       // of its waiters (WaitMax)
@@ -93,6 +94,14 @@ func (k *localKey) creditOf(j int) int64 {
 		return 0
 	}
 	return int64(math.Round(k.credit[j] * 1e6))
+}
+
+// reportable makes k's fields of reports, for n dimensions: none yet.
+func (k *localKey) reportable(n int) {
+	k.rate, k.burst, k.provider, k.reported = make([]float64, n), make([]float64, n), make([]float64, n), make([]time.Time, n)
+	for j := range k.provider {
+		k.provider[j] = math.NaN()
+	}
 }
 
 // prov returns dimension i's provider bucket: its tokens, rate and burst,
@@ -835,8 +844,32 @@ func (l *Local) fresh(key string, now time.Time, first []float64) *localKey {
 			k.tokens[i] = d.limit.Burst
 		}
 	}
+	if l.limits != nil {
+		l.lower(k, l.limits(key))
+	}
 	return k
 }
+
+// lower holds k, a new key, to limits, by dimension, where they are below
+// its dimensions' own (windows excepted), as a provider's report that
+// never ends holds a key (see rate and burst). nil changes nothing.
+func (l *Local) lower(k *localKey, limits []Limit) {
+	for i, d := range l.dims {
+		if i >= len(limits) || d.window() || limits[i].Rate >= d.limit.Rate && limits[i].Burst >= d.limit.Burst {
+			continue
+		}
+		if k.rate == nil {
+			k.reportable(len(l.dims))
+		}
+		k.rate[i], k.burst[i] = min(limits[i].Rate, d.limit.Rate), min(limits[i].Burst, d.limit.Burst)
+		k.reported[i] = k.last.Add(pinnedFor)
+		k.tokens[i] = min(k.tokens[i], k.burst[i])
+	}
+}
+
+// pinnedFor is how long a share holds a key to the fleet's pins: for the
+// share's life.
+const pinnedFor = 100 * 365 * 24 * time.Hour
 
 // sweep forgets keys that have refilled completely, once the map has grown
 // to sweepAt; their state equals a new key's (one that starts cold is

@@ -49,6 +49,7 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r.debit = func(ctx context.Context, key string, c Cost) error {
 		return r.adjustWith(ctx, adjustScript, key, c, true, smallAmounts[0], r.span, r.flags())
 	}
+	r.gauge = r.gauges
 	r.adapt = newAdaptation(r.policy, r.dims)
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	r.meter(r.gauges)

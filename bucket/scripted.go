@@ -29,7 +29,10 @@ type scripted struct {
 	fo     *failover
 	// debit debits a share's debt (see failover.settle) with the backend's
 	// adjust script, whole.
-	debit   func(ctx context.Context, key string, c Cost) error
+	debit func(ctx context.Context, key string, c Cost) error
+	// gauge reads a key's tokens and rates on Redis, for a share's
+	// settlement (see failover.settle): the token bucket's; nil in others.
+	gauge   gauges
 	metrics metricsConfig
 	m       *meters  // nil: no metrics
 	waiting *refunds // of the token bucket's waiters (WaitMax)
@@ -219,16 +222,14 @@ func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait t
 		// caller's wait accounting must not trust it.
 		return Reservation{}, nil, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
 	}
-	if pins&pinHeld != 0 {
-		s.warnHeld()
-	}
+	s.heldLower(ctx, key, pins&pinHeld != 0)
 	if pins&pinIgnored != 0 {
 		s.pinLog.ignored(s.fo.logger(), s.prefix)
 	}
 	if w > 0 {
 		s.fo.slot(key, s.fo.clock.Now().Add(micros(w)))
 	}
-	s.fo.settle(ctx, s.debit, key)
+	s.fo.settle(ctx, s.debit, s.gauge, key)
 	if w < 0 {
 		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil, servedRedis, nil
 	}

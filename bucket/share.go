@@ -28,6 +28,18 @@ func (f *failover) fallback(err error) *share {
 	if !errors.As(err, &ue) {
 		return nil
 	}
+	sh := f.shareFor()
+	if !brokenConn(ue.Err) {
+		// A slow or refusing Redis fails every process's calls, not
+		// one connection's (see failover.settle).
+		sh.outage.Store(true)
+	}
+	return sh
+}
+
+// shareFor returns the share bucket of the outage under way, or a new one
+// (see fallback).
+func (f *failover) shareFor() *share {
 	n := max(f.members.Load(), 1)
 	if f.failing.Load() { // then the share loaded next is this outage's
 		if sh := f.share.Load(); sh != nil && sh.members == n {
@@ -59,7 +71,7 @@ func (f *failover) fallback(err error) *share {
 			return t
 		}
 	}
-	sh := newShare(f.dims, n, f.clock, f.policy, start, old)
+	sh := newShare(f.dims, n, f.clock, f.policy, start, f.pins.of, old)
 	f.share.Store(sh)
 	f.failing.Store(true) // after the store: who sees it failing finds the new share
 	return sh
@@ -67,17 +79,35 @@ func (f *failover) fallback(err error) *share {
 
 // settle debits from Redis, with debit, what this process admitted on its
 // share for key while Redis was unavailable, once Redis serves key again.
-func (f *failover) settle(ctx context.Context, debit func(context.Context, string, Cost) error, key string) {
+// With gauge (the token bucket's, which reads key's tokens and rates on
+// Redis), and if the share took a failure of the whole fleet's (the
+// breaker open, a timeout, a refusal: not one connection that broke; see
+// share.outage), it debits too what the rest of the
+// fleet's shares are likely to have spent (see share.others): the members
+// come back one at a time, and the first back must not take from Redis
+// what the others are still spending on their shares.
+func (f *failover) settle(ctx context.Context, debit func(context.Context, string, Cost) error, gauge gauges, key string) {
 	sh := f.share.Load()
 	if sh == nil || sh.owing.Load() == 0 {
 		return
 	}
-	if c := sh.take(key); c != nil {
-		// Detached: the caller's deadline, met by the call that worked,
-		// must not cost the debt (it is owed again if Redis fails).
-		dctx, cancel := wait.Detached(ctx)
-		defer cancel()
-		_ = debit(dctx, key, c)
+	c, ahead := sh.take(key)
+	if c == nil {
+		return
+	}
+	// Detached: the caller's deadline, met by the call that worked,
+	// must not cost the debt (it is owed again if Redis fails).
+	dctx, cancel := wait.Detached(ctx)
+	defer cancel()
+	if err := debit(dctx, key, c); err != nil || gauge == nil || len(ahead) == 0 || sh.members < 2 || !sh.outage.Load() {
+		return
+	}
+	tokens, rates, err := gauge(dctx, key)
+	if err != nil {
+		return
+	}
+	if extra := sh.others(ahead, tokens, rates); extra != nil {
+		_ = debit(dctx, key, extra)
 	}
 }
 
@@ -89,29 +119,43 @@ func (f *failover) slot(key string, t time.Time) {
 	f.slotsMu.Lock()
 	defer f.slotsMu.Unlock()
 	if f.slots == nil {
-		f.slots, f.slotsSweep = make(map[string]time.Time), minSweep
+		f.slots, f.slotsSweep = make(map[string]slotSeen), minSweep
 	}
-	if old, ok := f.slots[key]; ok && !t.After(old) {
+	if old, ok := f.slots[key]; ok && !t.After(old.end) {
 		return
 	}
+	now := f.clock.Now()
 	if len(f.slots) >= f.slotsSweep {
-		now := f.clock.Now()
 		for k, u := range f.slots {
-			if !u.After(now) {
+			if !u.end.After(now) {
 				delete(f.slots, k)
 			}
 		}
 		f.slotsSweep = max(minSweep, 2*len(f.slots))
 	}
-	f.slots[key] = t
+	f.slots[key] = slotSeen{end: t, at: now}
 }
 
-// slotOf returns the end of key's last slot on Redis (see slot); the zero
-// time if none is known.
+// slotSeen is the end of this process's last slot of a key on Redis, and
+// when it was reserved.
+type slotSeen struct{ end, at time.Time }
+
+// slotOf returns when the fleet's slots of key on Redis end, as far as
+// this process knows; the zero time if it knows none. That is the end of
+// its own last slot (see slot), unless that is still to come: then the
+// fleet, which kept reserving after it, holds a queue about as deep from
+// now as it was then, and the end is as far from now. A share that started
+// after this process's own slot gave its calls while the other processes'
+// Redis slots still went out (2 to 7 429s at the upstream in
+// TestFleetRedisRestart).
 func (f *failover) slotOf(key string) time.Time {
 	f.slotsMu.Lock()
-	defer f.slotsMu.Unlock()
-	return f.slots[key]
+	s := f.slots[key]
+	f.slotsMu.Unlock()
+	if now := f.clock.Now(); s.end.After(now) {
+		return later(s.end, now.Add(s.end.Sub(s.at)))
+	}
+	return s.end
 }
 
 // sent reports whether a call that failed with err ran on Redis, as far as
@@ -151,6 +195,11 @@ type share struct {
 	mu    sync.Mutex
 	owed  map[string]Cost
 	owing atomic.Int64 // len(owed)
+	// outage: the share took a call that failed as every process's calls
+	// do (the breaker opened, a timeout, a refused connection; see
+	// failover.settle); one whose calls failed only on connections that
+	// broke (lost replies) was this process's alone.
+	outage atomic.Bool
 }
 
 // newShare returns the share of a bucket with dims for one of n members: a
@@ -159,8 +208,9 @@ type share struct {
 // share's debt is the bucket's); owing what old did not settle, and
 // starting each key's windows where old left them. A share is
 // never smaller than a Limit can be: with more members than that allows,
-// each takes the least.
-func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func(string) time.Time, old *share) *share {
+// each takes the least. A key the fleet held below this process's limits
+// (pinned(key), by dimension; nil if not) takes its part of those.
+func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func(string) time.Time, pinned func(string) []Limit, old *share) *share {
 	for _, d := range dims {
 		n = max(1, min(n, int64(d.limit.Rate/minRate), int64(d.limit.Burst/minBurst)))
 	}
@@ -172,6 +222,17 @@ func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func
 		bursts[i] = d.limit.Burst
 	}
 	s := &share{members: n, local: newLocal(parts, clk, policy, start, bursts), owed: map[string]Cost{}}
+	s.local.limits = func(key string) []Limit {
+		ls := pinned(key)
+		if ls == nil {
+			return nil
+		}
+		own := make([]Limit, len(ls))
+		for i, l := range ls {
+			own[i] = Limit{Rate: l.Rate / float64(n), Burst: l.Burst / float64(n)}
+		}
+		return own
+	}
 	if old != nil {
 		s.prev = old.local
 		s.local.windows = old.local.windowTokens // where the last share left them
@@ -262,30 +323,71 @@ func (s *share) owe(key string, c Cost) {
 // take returns what key owes Redis now, if anything, and forgets it: of
 // what the share admitted, the slots still to come (its debt), and at most
 // a burst of what has come due; by dimension and window (see prepare).
-func (s *share) take(key string) Cost {
+// It returns too, for each token bucket dimension with slots still to
+// come, that debt and until when the slots go out (see queued).
+func (s *share) take(key string) (Cost, []queued) {
 	s.mu.Lock()
 	o, ok := s.owed[key]
 	delete(s.owed, key)
 	s.owing.Store(int64(len(s.owed)))
 	s.mu.Unlock()
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	tokens := s.local.Tokens(key)
+	rates := s.local.Rate(key)
 	var prev Cost
 	if s.prev != nil {
 		prev = s.prev.Tokens(key)
 	}
 	var c Cost
+	var ahead []queued
 	for _, d := range s.local.dims {
 		// A window's burst bounds what has come due of it: it has barely
 		// refilled meanwhile.
 		debt := max(-tokens[d.name], 0) + max(-prev[d.name], 0)
-		if v := min(debt, o[d.name]) + min(max(o[d.name]-debt, 0), d.limit.Burst); v > 0 {
+		q := min(debt, o[d.name])
+		if v := q + min(max(o[d.name]-debt, 0), d.limit.Burst); v > 0 {
 			if c == nil {
 				c = make(Cost, len(s.local.dims))
 			}
 			c[d.name] = v
+		}
+		if q > 0 && !d.window() && rates[d.name] > 0 {
+			ahead = append(ahead, queued{dim: d.name, amount: c[d.name], until: debt / rates[d.name]})
+		}
+	}
+	return c, ahead
+}
+
+// queued is what a share owes Redis in a dimension, amount, some of it
+// in slots that go out until seconds from now.
+type queued struct {
+	dim           string
+	amount, until float64
+}
+
+// others returns what the rest of the fleet's shares are likely to owe
+// Redis for a key whose share owed ahead, and which Redis, at tokens and
+// rates (read after this share's debt was debited), does not hold yet; nil
+// if nothing. The fleet's members share alike: each other member is taken
+// to owe as much, with slots still to come until the same time. Redis
+// holds it all once its queue reaches that time: so, in each dimension,
+// the least of what they owe and of what Redis must lose for its queue to
+// reach it. A member that comes back later debits its own again: the fleet
+// is admitted less for a moment, never more.
+func (s *share) others(ahead []queued, tokens, rates Cost) Cost {
+	var c Cost
+	for _, a := range ahead {
+		tk, r := tokens[a.dim], rates[a.dim]
+		if !(r >= 0 && r <= maxRate) || math.IsNaN(tk) || math.IsInf(tk, 0) { // Redis's reply, bounded
+			continue
+		}
+		if v := min(float64(s.members-1)*a.amount, tk+r*a.until); v > 0 {
+			if c == nil {
+				c = make(Cost, len(ahead))
+			}
+			c[a.dim] = v
 		}
 	}
 	return c
