@@ -233,8 +233,11 @@ func WithEvictionAllowed() Option {
 
 // WithLogger sets where a Redis-backed bucket logs its configuration errors
 // (at error level, at most every 10 s), the start of an outage (at warn
-// level: calls take the share, or fail) and its end (info), and what its
-// first contact could not check (warn); slog.Default() by default.
+// level: calls take the share, or fail; at error level if Redis has never
+// answered since the process started: a likely misconfiguration) and its
+// end (info), and what its first contact could not check (warn);
+// slog.Default() by default. go-redis logs its own dial failures through
+// its process-wide logger (redis.SetLogger), which sluice leaves alone.
 func WithLogger(l *slog.Logger) Option {
 	return option{"WithLogger", forShared, func(c *config) { c.redis.logger = l }}
 }
@@ -370,8 +373,10 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 }
 
 // stateChanged logs an outage's start at warn level (and what calls do
-// meanwhile: take this process's share, or fail) and its end at info; a
-// probe's failure, from half-open, is no news.
+// meanwhile: take this process's share, or fail), or at error level if
+// Redis has never answered this process, which is far more likely a wrong
+// address than an outage; and its end at info. A probe's failure, from
+// half-open, is no news.
 func (f *failover) stateChanged(from, to gobreaker.State) {
 	switch {
 	case to == gobreaker.StateOpen && from == gobreaker.StateClosed:
@@ -380,6 +385,12 @@ func (f *failover) stateChanged(from, to gobreaker.State) {
 			what, state = "calls take this process's share of the limit (fail-open)", "fail_open"
 		}
 		f.m.transition(state)
+		if f.answered.Load() == 0 {
+			f.logger().LogAttrs(context.Background(), slog.LevelError, "sluice: redis has not answered since this "+
+				"process started, likely a misconfiguration: check the address, that a server listens there "+
+				"and that this host can reach it; meanwhile "+what, slog.String("addr", f.addr))
+			return
+		}
 		f.logger().LogAttrs(context.Background(), slog.LevelWarn, "sluice: redis unavailable: "+what,
 			slog.String("addr", f.addr))
 	case to == gobreaker.StateClosed && f.misconfig.Load() == nil: // a configuration error is logged as one
