@@ -231,15 +231,20 @@ func WithEvictionAllowed() Option {
 	return option{"WithEvictionAllowed", forShared, func(c *config) { c.redis.evictable = true }}
 }
 
-// WithLogger sets where a Redis-backed bucket logs its configuration errors
-// (at error level, at most every 10 s), the start of an outage (at warn
-// level: calls take the share, or fail; at error level if Redis has never
-// answered since the process started: a likely misconfiguration) and its
-// end (info), and what its first contact could not check (warn);
-// slog.Default() by default. go-redis logs its own dial failures through
-// its process-wide logger (redis.SetLogger), which sluice leaves alone.
+// WithLogger sets where a bucket logs; slog.Default() by default. A Local
+// or Redis bucket warns, at most once a minute per key, when a key is held
+// below half a configured limit by what the provider reported or by the
+// refusals its rate was lowered for (the key, as WithMetricKeyLabel labels
+// it if given, the configured and the effective limits, and the header
+// that set it, or "refusals"). A Redis-backed bucket logs its
+// configuration errors (at error level, at most every 10 s), the start of
+// an outage (at warn level: calls take the share, or fail; at error level
+// if Redis has never answered since the process started: a likely
+// misconfiguration) and its end (info), and what its first contact could
+// not check (warn). go-redis logs its own dial failures through its
+// process-wide logger (redis.SetLogger), which sluice leaves alone.
 func WithLogger(l *slog.Logger) Option {
-	return option{"WithLogger", forShared, func(c *config) { c.redis.logger = l }}
+	return option{"WithLogger", forShared | forLocal, func(c *config) { c.redis.logger = l }}
 }
 
 // WithRedisBreaker sets the circuit breaker that a Redis-backed bucket puts

@@ -21,6 +21,7 @@ type Redis struct {
 	span   any // adapt.span in microseconds, formatted
 	co     coalescer
 	leases *leases // nil: no leasing (WithLeasing)
+	low    *lowWarner
 }
 
 var _ Bucket = (*Redis)(nil)
@@ -45,6 +46,7 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r.adapt = newAdaptation(r.policy, r.dims)
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	r.meter(r.gauges)
+	r.low = newLowWarner(r.fo.log, r.metrics.label, r.m)
 	r.waiting = &refunds{}
 	r.leases = newLeases(r.leasing)
 	return r
@@ -165,6 +167,7 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 	}
 	p := &r.adapt.policy
 	believed := false          // a quota that a dimension keeps
+	var low []lowLimit         // dimensions a report holds low
 	verdict := smallAmounts[0] // nothing to learn from refusals
 	if fb.Class == adaptive.RateLimited && fb.Epoch != outageEpoch {
 		verdict = smallAmounts[1] // a refusal to count
@@ -188,6 +191,7 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 			args[0] = smallAmounts[2] // forget what refusals taught
 		}
 		believed = believed || rp.says()
+		low = appendLow(low, d, rp, fb.Quotas[d.name])
 		args = append(args, r.param[i], d.burst, scriptArg(rp.rem), scriptArg(rp.rate), scriptArg(rp.burst),
 			scriptArg(float64(rp.until.Microseconds())))
 	}
@@ -200,6 +204,24 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		return fmt.Errorf("bucket: redis observe: %w", err)
 	}
 	r.m.observed(key, changed&1 != 0, changed&2 != 0)
+	r.warnLow(ctx, key, low, changed&1 != 0)
 	r.waiting.accepted(key, fb)
 	return nil
+}
+
+// warnLow reports key held low, if that is due: by a report (low), or,
+// after a decrease, by the law (a read of its rates).
+func (r *Redis) warnLow(ctx context.Context, key string, low []lowLimit, decreased bool) {
+	now := time.Now()
+	if !r.low.due(key, now) || len(low) == 0 && !decreased {
+		return
+	}
+	if len(low) == 0 {
+		_, rates, err := r.gauges(ctx, key)
+		if err != nil {
+			return
+		}
+		low = lowRates(r.dims, func(i int) float64 { return rates[r.dims[i].name] })
+	}
+	r.low.warn(key, low, now)
 }
