@@ -190,6 +190,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 	// have to live until the body is closed, and costs 3% of throughput.
 	r := req.Clone(ctx)
 	r.Body = body
+	t.ledger.sent.Add(1)
 	resp, err = t.base.RoundTrip(r)
 	if err != nil && resp != nil { // a broken base: err wins
 		if resp.Body != nil {
