@@ -109,7 +109,10 @@ var _ Bucket = (*Local)(nil)
 
 // NewLocal returns an in-process bucket that limits Requests to limit, and
 // each dimension given WithLimit to its own. It panics with a *LimitError if
-// a limit is invalid.
+// a limit is invalid, and if an option is not one NewLocal takes (WithPrefix
+// or WithFailOpen, say, which only a Redis-backed bucket can honour): the
+// panic names the option and the constructors that take it. Each option's
+// doc says which those are.
 func NewLocal(limit Limit, opts ...Option) *Local {
 	c, dims := newConfig(forLocal, "NewLocal", limit, opts)
 	l := newLocal(dims, c.clock, c.policy, nil, nil)

@@ -28,7 +28,9 @@ var _ Bucket = (*Redis)(nil)
 
 // NewRedis returns a bucket stored in rdb that limits Requests to limit, and
 // each dimension given WithLimit to its own. It makes no call to Redis. It
-// panics with a *LimitError if a limit is invalid.
+// panics with a *LimitError if a limit is invalid, and if an option is not
+// one NewRedis takes (WithLease, say, NewInFlight's): the panic names the
+// option and the constructors that take it.
 //
 // Every process that charges a key should give it the same limits. Where
 // they differ (a rollout, a mistake), they are never mixed: a key's state
