@@ -153,6 +153,11 @@ func (s *summary) print(w io.Writer, chart string) {
 		fmt.Fprintf(w, "; %.1f%% from %d s to %d s", 100*s.steady/tokRate, s.steadyFrom, s.steadyTo)
 	}
 	fmt.Fprintln(w, ")")
+	if callsPerSec > reqRate || tokPerSec > tokRate {
+		fmt.Fprintf(w, "          above 100%%: a limit admits its burst (%s requests, %s tokens) at once, then its rate:\n"+
+			"          burst + rate × T over a run of T, and the burst counts most in a short run\n",
+			group(float64(s.rpm)), group(float64(s.tpm)))
+	}
 	if s.ideal > 0 {
 		fmt.Fprintf(w, "makespan: %.2f s (ideal %.2f s: %+.1f%%)\n",
 			secs, s.ideal.Seconds(), 100*(ratio(secs, s.ideal.Seconds())-1))
