@@ -14,13 +14,14 @@ import (
 // or by the refusals the law answered, runs at a fraction of the speed its
 // user configured, and says nothing of it unless told to: a limit of 10 a
 // minute that a header reports where 100 are configured makes a run ten
-// times as long. lowLimits says so, at warn level and in a counter, at most
-// once every lowEvery per key.
+// times as long. A lowWarner says so, at warn level and in a counter, at
+// most once every lowEvery per key.
 const (
-	lowFraction = 0.5         // a key held below this fraction of a configured limit is reported
-	lowEvery    = time.Minute // at most once per key in this time
-	maxLowKeys  = 1024        // the keys whose last report is remembered
-	byRefusals  = "refusals"  // what set a limit the law lowered
+	lowFraction = 0.5                // a key held below this fraction of a configured limit is reported
+	lowEvery    = time.Minute        // at most once per key in this time
+	maxLowKeys  = 1024               // the keys whose last report is remembered
+	byRefusals  = "refusals"         // what set a limit the law lowered
+	byReport    = "a reported limit" // what set a limit a report with no header's name lowered
 )
 
 // lowLimit is a dimension held below lowFraction of its configured limit:
@@ -50,7 +51,7 @@ func appendLow(low []lowLimit, d dim, r report, q adaptive.Quota) []lowLimit {
 // sourceOf names what set q's limit: its header, if known.
 func sourceOf(q adaptive.Quota) string {
 	if q.Source == "" {
-		return "a reported limit"
+		return byReport
 	}
 	return q.Source
 }
