@@ -17,10 +17,11 @@ func TestSummaryExplainsAboveTheLimit(t *testing.T) {
 		tokens int64
 		want   bool
 	}{{10_280, true}, {9_900, false}} {
-		s := summary{jobs: 10, ok: 10, rpm: 600, tpm: 6_000, makespan: 100 * time.Second, tokens: tc.tokens, fake: true, redis: "an embedded Redis"}
+		s := summary{jobs: 10, ok: 10, rpm: 600, tpm: 6_000, reqBurst: 10, tokBurst: 2_000,
+			makespan: 100 * time.Second, tokens: tc.tokens, fake: true, redis: "an embedded Redis"}
 		var out strings.Builder
 		s.print(&out, "")
-		assert.Equal(t, tc.want, strings.Contains(out.String(), "above 100%: a limit admits its burst (600 requests, 6,000 tokens) at once"),
+		assert.Equal(t, tc.want, strings.Contains(out.String(), "above 100%: the bucket admits its burst (10 requests, 2,000 tokens: -burst) at once"),
 			"%d tokens in 100 s against 100/s: %s", tc.tokens, out.String())
 	}
 }
