@@ -56,6 +56,9 @@ type Quota struct {
 	// states it (the IETF RateLimit-Policy's w parameter) or it is known
 	// (Anthropic's limits are per minute).
 	Window time.Duration
+	// Source names the header that stated Limit ("Anthropic-Ratelimit-
+	// Requests-Limit", "RateLimit-Policy"), for logs; "" if none did.
+	Source string
 }
 
 // Rate returns the refill rate, per second, that q implies, and false if it

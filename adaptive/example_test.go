@@ -23,7 +23,7 @@ func ExampleParse() {
 	fmt.Printf("%.0f tokens/s\n", rate)
 	// Output:
 	// rate_limited 1.5s
-	// {Limit:30000 Remaining:0 Reset:1m30.5s Window:0s}
+	// {Limit:30000 Remaining:0 Reset:1m30.5s Window:0s Source:X-Ratelimit-Limit-Tokens}
 	// 331 tokens/s
 }
 

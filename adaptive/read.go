@@ -108,7 +108,7 @@ func Parse(status int, h http.Header, now time.Time) Feedback {
 	qs.anthropic(h, now)
 	qs.ietf(h)
 	qs.ietfLegacy(h, now)
-	qs.put(dimension.Requests, gh)
+	qs.put(dimension.Requests, gh, "X-Ratelimit-Limit")
 	f.Quotas = qs
 	return f
 }
@@ -140,10 +140,14 @@ func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 type quotaSet map[string]Quota
 
 // put records q for dimension dim, if q tells anything and dim does not
-// hold a more restrictive quota already.
-func (s *quotaSet) put(dim string, q Quota) {
+// hold a more restrictive quota already; source is the header that states
+// its limit, if it has one.
+func (s *quotaSet) put(dim string, q Quota, source string) {
 	if q.Limit > 0 && q.Remaining > q.Limit {
 		q.Remaining = q.Limit
+	}
+	if q.Limit > 0 {
+		q.Source = source
 	}
 	if !(q.Limit > 0 || q.Remaining >= 0 || q.Reset > 0 || q.Window > 0) {
 		return
@@ -202,7 +206,7 @@ func (s *quotaSet) openAI(h http.Header) {
 	for _, k := range openAIHeaders {
 		q := quotaOf(first(h, k.limit), first(h, k.remaining))
 		q.Reset, _ = goDuration(first(h, k.reset))
-		s.put(k.dim, q)
+		s.put(k.dim, q, k.limit)
 	}
 }
 
@@ -225,7 +229,7 @@ func (s *quotaSet) anthropic(h http.Header, now time.Time) {
 			// read as 0.588/s, not 0.833/s).
 			q.Window = time.Minute
 		}
-		s.put(k.dim, q)
+		s.put(k.dim, q, k.limit)
 	}
 }
 
@@ -272,33 +276,41 @@ func (s *quotaSet) ietf(h http.Header) {
 		}
 	}
 	for _, it := range parseLines(limitLines) {
-		name, ok := it.text()
-		r, okr := it.param("r")
-		if !ok || !okr || !r.isCount() {
-			continue
-		}
-		q := Quota{Remaining: r.num}
-		if t, ok := it.param("t"); ok {
-			if q.Reset, ok = t.seconds(); !ok {
-				continue
-			}
-		}
-		dim := dimension.Requests
-		for i := range policies {
-			if p := &policies[i]; p.name == name {
-				dim, q.Limit, q.Window, p.used = p.dim, p.limit, p.window, true
-				break
-			}
-		}
-		if dim != "" {
-			s.put(dim, q)
+		if dim, q, ok := limitItem(it, policies); ok && dim != "" {
+			s.put(dim, q, "RateLimit-Policy")
 		}
 	}
 	for _, p := range policies {
 		if !p.used && p.dim != "" {
-			s.put(p.dim, Quota{Limit: p.limit, Remaining: -1, Window: p.window})
+			s.put(p.dim, Quota{Limit: p.limit, Remaining: -1, Window: p.window}, "RateLimit-Policy")
 		}
 	}
+}
+
+// limitItem reads an item of RateLimit: its remaining r and reset t, and
+// the limit and window of the policy of its name, which it marks used; the
+// dimension is the policy's ("" if it is not counted here), requests if no
+// policy has the item's name.
+func limitItem(it sfItem, policies []policy) (dim string, q Quota, ok bool) {
+	name, ok := it.text()
+	r, okr := it.param("r")
+	if !ok || !okr || !r.isCount() {
+		return "", q, false
+	}
+	q = Quota{Remaining: r.num}
+	if t, ok := it.param("t"); ok {
+		if q.Reset, ok = t.seconds(); !ok {
+			return "", q, false
+		}
+	}
+	dim = dimension.Requests
+	for i := range policies {
+		if p := &policies[i]; p.name == name {
+			dim, q.Limit, q.Window, p.used = p.dim, p.limit, p.window, true
+			break
+		}
+	}
+	return dim, q, true
 }
 
 // readPolicy reads an item of RateLimit-Policy: a name (a String, or a
@@ -353,7 +365,7 @@ func (s *quotaSet) ietfLegacy(h http.Header, now time.Time) {
 			q.Reset = time.Duration(n) * time.Second
 		}
 	}
-	s.put(dimension.Requests, q)
+	s.put(dimension.Requests, q, "RateLimit-Limit")
 }
 
 // firstCount returns the first member of the List in lines if it is an

@@ -389,6 +389,10 @@ func TestParse(t *testing.T) {
 			if tt.quotas == nil {
 				assert.Nil(t, f.Quotas)
 			} else {
+				for dim, q := range f.Quotas { // TestParseSource checks it
+					q.Source = ""
+					f.Quotas[dim] = q
+				}
 				assert.Equal(t, tt.quotas, f.Quotas)
 			}
 			assert.Zero(t, f.Epoch)
@@ -583,4 +587,27 @@ func TestAnthropicRateIsPerMinute(t *testing.T) {
 	r, ok := fb.Quotas[bucket.Requests].Rate()
 	require.True(t, ok)
 	assert.InDelta(t, 50.0/60, r, 1e-9)
+}
+
+// TestParseSource: a Quota names the header that stated its limit, so that
+// a log can say which one holds a key low; one with no limit names none.
+func TestParseSource(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	for _, tc := range []struct {
+		h    http.Header
+		dim  string
+		want string
+	}{
+		{header("anthropic-ratelimit-requests-limit", "10", "anthropic-ratelimit-requests-remaining", "9"), bucket.Requests, "Anthropic-Ratelimit-Requests-Limit"},
+		{header("x-ratelimit-limit-tokens", "30000", "x-ratelimit-remaining-tokens", "100"), bucket.Tokens, "X-Ratelimit-Limit-Tokens"},
+		{header("ratelimit-policy", `"p";q=100;w=60`), bucket.Requests, "RateLimit-Policy"},
+		{header("ratelimit-limit", "100", "ratelimit-remaining", "5"), bucket.Requests, "RateLimit-Limit"},
+		{header("x-ratelimit-limit", "5000", "x-ratelimit-remaining", "4999"), bucket.Requests, "X-Ratelimit-Limit"},
+		{header("x-ratelimit-remaining-requests", "3"), bucket.Requests, ""},
+	} {
+		f := adaptive.Parse(200, tc.h, now)
+		q, ok := f.Quotas[tc.dim]
+		require.True(t, ok, "%v", tc.h)
+		assert.Equal(t, tc.want, q.Source, "%v", tc.h)
+	}
 }

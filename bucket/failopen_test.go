@@ -3,6 +3,7 @@ package bucket_test
 import (
 	"context"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -322,8 +323,36 @@ func TestOutageLogged(t *testing.T) {
 		redisBack(t, srv, b)
 		out := log.String()
 		assert.Equal(t, 1, strings.Count(out, "level=WARN"), out)
+		assert.Zero(t, strings.Count(out, "level=ERROR"), "a Redis once reached is down, not misconfigured: %s", out)
 		assert.Contains(t, out, want)
 		assert.Contains(t, out, "addr="+srv.Addr)
 		assert.Contains(t, out, "level=INFO msg=\"sluice: redis serves the bucket again\"")
+	}
+}
+
+// TestNeverReachedRedisLoggedAsError: a Redis address where nothing listens
+// is reported by the first call at error level, with the address and what to
+// check, as the likely misconfiguration it is, while that call and the next
+// are served by the share; it was one warn line, "redis unavailable", as for
+// an outage.
+func TestNeverReachedRedisLoggedAsError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	var log syncBuffer
+	b := bucket.NewRedis(fastClient(t, addr), bucket.PerSecond(10), quickBreaker,
+		bucket.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
+	for i := range 2 {
+		r, err := b.Reserve(t.Context(), "k", bucket.N(1), time.Minute) // a share starts empty
+		require.NoError(t, err, "call %d", i)
+		assert.True(t, r.OK, "call %d: served by the share", i)
+		if i == 0 {
+			out := log.String()
+			assert.Equal(t, 1, strings.Count(out, "level=ERROR"), out)
+			assert.Contains(t, out, "addr="+addr)
+			assert.Contains(t, out, "check the address")
+			assert.Zero(t, strings.Count(out, "level=WARN"), out)
+		}
 	}
 }

@@ -231,12 +231,20 @@ func WithEvictionAllowed() Option {
 	return option{"WithEvictionAllowed", forShared, func(c *config) { c.redis.evictable = true }}
 }
 
-// WithLogger sets where a Redis-backed bucket logs its configuration errors
-// (at error level, at most every 10 s), the start of an outage (at warn
-// level: calls take the share, or fail) and its end (info), and what its
-// first contact could not check (warn); slog.Default() by default.
+// WithLogger sets where a bucket logs; slog.Default() by default. A Local
+// or Redis bucket warns, at most once a minute per key, when a key is held
+// below half a configured limit by what the provider reported or by the
+// refusals its rate was lowered for (the key, as WithMetricKeyLabel labels
+// it if given, the configured and the effective limits, and the header
+// that set it, or "refusals"). A Redis-backed bucket logs its
+// configuration errors (at error level, at most every 10 s), the start of
+// an outage (at warn level: calls take the share, or fail; at error level
+// if Redis has never answered since the process started: a likely
+// misconfiguration) and its end (info), and what its first contact could
+// not check (warn). go-redis logs its own dial failures through its
+// process-wide logger (redis.SetLogger), which sluice leaves alone.
 func WithLogger(l *slog.Logger) Option {
-	return option{"WithLogger", forShared, func(c *config) { c.redis.logger = l }}
+	return option{"WithLogger", forShared | forLocal, func(c *config) { c.redis.logger = l }}
 }
 
 // WithRedisBreaker sets the circuit breaker that a Redis-backed bucket puts
@@ -371,8 +379,10 @@ func newFailover(rdb redis.UniversalClient, c config, dims []dim) *failover {
 }
 
 // stateChanged logs an outage's start at warn level (and what calls do
-// meanwhile: take this process's share, or fail) and its end at info; a
-// probe's failure, from half-open, is no news.
+// meanwhile: take this process's share, or fail), or at error level if
+// Redis has never answered this process, which is far more likely a wrong
+// address than an outage; and its end at info. A probe's failure, from
+// half-open, is no news.
 func (f *failover) stateChanged(from, to gobreaker.State) {
 	switch {
 	case to == gobreaker.StateOpen && from == gobreaker.StateClosed:
@@ -383,6 +393,12 @@ func (f *failover) stateChanged(from, to gobreaker.State) {
 		f.m.transition(state)
 		if sh := f.share.Load(); sh != nil {
 			sh.outage.Store(true) // the share that the failure which opened it went to
+		}
+		if f.answered.Load() == 0 {
+			f.logger().LogAttrs(context.Background(), slog.LevelError, "sluice: redis has not answered since this "+
+				"process started, likely a misconfiguration: check the address, that a server listens there "+
+				"and that this host can reach it; meanwhile "+what, slog.String("addr", f.addr))
+			return
 		}
 		f.logger().LogAttrs(context.Background(), slog.LevelWarn, "sluice: redis unavailable: "+what,
 			slog.String("addr", f.addr))

@@ -27,6 +27,7 @@ type Local struct {
 	limits   func(key string) []Limit      // nil: every key has dims' limits; else, if not nil for key, lower ones by dimension (a share: the fleet's pins)
 	maxDelta []float64                     // the most one Adjust debits or refunds, by dimension
 	m        *meters                       // nil: no metrics
+	low      *lowWarner                    // nil: keys held low are not reported (a share)
 	waiting  refunds                       // of its waiters (WaitMax)
 
 	mu      sync.Mutex
@@ -117,13 +118,17 @@ var _ Bucket = (*Local)(nil)
 
 // NewLocal returns an in-process bucket that limits Requests to limit, and
 // each dimension given WithLimit to its own. It panics with a *LimitError if
-// a limit is invalid.
+// a limit is invalid, and if an option is not one NewLocal takes (WithPrefix
+// or WithFailOpen, say, which only a Redis-backed bucket can honour): the
+// panic names the option and the constructors that take it. Each option's
+// doc says which those are.
 func NewLocal(limit Limit, opts ...Option) *Local {
 	c, dims := newConfig(forLocal, "NewLocal", limit, opts)
 	l := newLocal(dims, c.clock, c.policy, nil, nil)
 	l.m = newMeters(c.metrics, dims, func(_ context.Context, key string) (Cost, Cost, error) {
 		return l.Tokens(key), l.Rate(key), nil
 	}, nil)
+	l.low = newLowWarner(c.redis.logger, c.metrics.label, l.m)
 	return l
 }
 
@@ -379,6 +384,9 @@ func (l *Local) Observe(_ context.Context, key string, fb adaptive.Feedback) err
 	}
 	decreased, paused := l.observe(key, fb)
 	l.m.observed(key, decreased, paused)
+	if now := l.clock.Now(); l.low.due(key, now) {
+		l.low.warn(key, l.lowOf(key, fb), now)
+	}
 	l.waiting.accepted(key, fb)
 	return nil
 }
@@ -497,6 +505,40 @@ func (l *Local) observe(key string, fb adaptive.Feedback) (decreased, paused boo
 		k.tokens[i] = min(k.tokens[i], l.burst(k, i, f))
 	}
 	return decreased, paused
+}
+
+// lowOf returns the dimensions of key that its state holds below
+// lowFraction of their configured limits, just after an Observe of fb: by
+// what the provider reported (fb's header, if it reported it), or else by
+// the law's decreases.
+func (l *Local) lowOf(key string, fb adaptive.Feedback) []lowLimit {
+	now := l.clock.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := l.keys[key]
+	if k == nil {
+		return nil
+	}
+	f := l.fraction(k, now)
+	var low []lowLimit
+	for i, d := range l.dims {
+		if d.window() {
+			continue
+		}
+		eff := Limit{Rate: l.rate(k, i, f), Burst: l.burst(k, i, f)}
+		if _, pr, pb, ok := k.prov(i); ok {
+			eff = Limit{Rate: min(eff.Rate, pr), Burst: min(eff.Burst, pb)}
+		}
+		if !below(eff, d.limit) {
+			continue
+		}
+		by := byRefusals
+		if reported := (Limit{Rate: eff.Rate / f, Burst: eff.Burst / f}); below(reported, d.limit) {
+			by = sourceOf(fb.Quotas[d.name])
+		}
+		low = append(low, lowLimit{dim: d, effective: eff, by: by})
+	}
+	return low
 }
 
 // tokensBefore is a key's tokens before observe changes them, and how

@@ -29,6 +29,7 @@ const (
 	metricRedisState  = "sluice.bucket.redis.state"       // gauge: 0 serving, 1 failing open, 2 failing closed, 3 misconfigured
 	metricTransitions = "sluice.bucket.redis.transitions" // counter: outages begun and ended, by the state entered
 	metricMembers     = "sluice.bucket.members"           // gauge: the fleet's live members, as last counted
+	metricLow         = "sluice.bucket.limit.low"         // counter, by dimension: keys found held below half its configured limit
 
 	attrDecision  = "decision"
 	attrServedBy  = "served_by"
@@ -116,7 +117,7 @@ type meters struct {
 	fo     *failover // nil: not Redis-backed
 
 	decisions, charged, refunded, debited metric.Float64Counter
-	decreases, pauses, transitions        metric.Int64Counter
+	decreases, pauses, transitions, low   metric.Int64Counter
 	wait                                  metric.Float64Histogram
 
 	one    *labelled // when label is nil
@@ -178,6 +179,7 @@ func newMeters(c metricsConfig, dims []dim, read gauges, fo *failover) *meters {
 	m.debited = counter(metricDebited, "{token}", "Tokens that Adjust charged on top of the reservation (usage above the estimate), by dimension.")
 	m.decreases = count(metricDecreases, "{decrease}", "Rate decreases that this process's refusals made.")
 	m.pauses = count(metricPauses, "{pause}", "Pauses of a key that this process's responses set or lengthened.")
+	m.low = count(metricLow, "{report}", "Keys found held below half a dimension's configured limit by a provider's report or by refusals, at most once a minute per key: when a warning is logged (WithLogger).")
 	m.transitions = count(metricTransitions, "{transition}", "Redis outages begun (state fail_open or fail_closed) and ended (state serving).")
 	var err error
 	if m.wait, err = mt.Float64Histogram(metricWait, metric.WithUnit("s"),
@@ -269,6 +271,7 @@ func (m *meters) newLabelled(label string, keyed bool) *labelled {
 		m.charged.Add(ctx, 0, o)
 		m.refunded.Add(ctx, 0, o)
 		m.debited.Add(ctx, 0, o)
+		m.low.Add(ctx, 0, o)
 	}
 	m.decreases.Add(ctx, 0, l.base)
 	m.pauses.Add(ctx, 0, l.base)

@@ -100,6 +100,8 @@ func TestMetrics(t *testing.T) {
 			// Counters start at zero.
 			want["sluice.bucket.tokens.refunded{dimension=requests}"] = 0
 			want["sluice.bucket.tokens.debited{dimension=requests}"] = 0
+			want["sluice.bucket.limit.low{dimension=requests}"] = 0 // 0.7 is not below half
+			want["sluice.bucket.limit.low{dimension=tokens}"] = 0
 			if be.name == "redis" {
 				want["sluice.bucket.redis.state{}"] = 0
 				want["sluice.bucket.members{}"] = 1

@@ -48,7 +48,7 @@ func TestOptionsAreForTheirBackends(t *testing.T) {
 		{"WithFailClosed", bucket.WithFailClosed(), shared, "TestFailClosed, TestFixedWindowAndSlidingLogRejectImpossibleCosts, TestInFlightRedisDown"},
 		{"WithRedisTimeout", bucket.WithRedisTimeout(time.Second), shared, "TestBreakerBoundsOutageCost, TestInFlightKeys"},
 		{"WithEvictionAllowed", bucket.WithEvictionAllowed(), shared, "TestMisconfiguredRedis, TestInFlightMisconfiguredRedis"},
-		{"WithLogger", bucket.WithLogger(slog.Default()), shared, "TestMisconfiguredRedis, TestInFlightMisconfiguredRedis"},
+		{"WithLogger", bucket.WithLogger(slog.Default()), append(shared[:4:4], "NewLocal"), "TestMisconfiguredRedis, TestInFlightMisconfiguredRedis, TestLowLimitWarned"},
 		{"WithRedisBreaker", bucket.WithRedisBreaker(gobreaker.Settings{}), shared, "TestLostReplyOpensNoBreaker, TestWindowBucketsSettleTheirShares, TestInFlightRedisDown"},
 		{"WithLease", bucket.WithLease(time.Second), []string{"NewInFlight"}, "TestInFlightLeaseFreesDeadHolder"},
 		{"WithLeasing", bucket.WithLeasing(100, 100*time.Millisecond), []string{"NewRedis"}, "TestLeaseServesLocallyAndGivesBack"},

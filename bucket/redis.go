@@ -21,13 +21,16 @@ type Redis struct {
 	span   any // adapt.span in microseconds, formatted
 	co     coalescer
 	leases *leases // nil: no leasing (WithLeasing)
+	low    *lowWarner
 }
 
 var _ Bucket = (*Redis)(nil)
 
 // NewRedis returns a bucket stored in rdb that limits Requests to limit, and
 // each dimension given WithLimit to its own. It makes no call to Redis. It
-// panics with a *LimitError if a limit is invalid.
+// panics with a *LimitError if a limit is invalid, and if an option is not
+// one NewRedis takes (WithLease, say, NewInFlight's): the panic names the
+// option and the constructors that take it.
 //
 // Every process that charges a key should give it the same limits. Where
 // they differ (a rollout, a mistake), they are never mixed: a key's state
@@ -53,6 +56,7 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r.adapt = newAdaptation(r.policy, r.dims)
 	r.span = scriptArg(float64(r.adapt.span.Microseconds()))
 	r.meter(r.gauges)
+	r.low = newLowWarner(r.fo.log, r.metrics.label, r.m)
 	r.waiting = &refunds{}
 	r.leases = newLeases(r.leasing)
 	return r
@@ -173,6 +177,7 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 	}
 	p := &r.adapt.policy
 	believed := false          // a quota that a dimension keeps
+	var low []lowLimit         // dimensions a report holds low
 	verdict := smallAmounts[0] // nothing to learn from refusals
 	if fb.Class == adaptive.RateLimited && fb.Epoch != outageEpoch {
 		verdict = smallAmounts[1] // a refusal to count
@@ -196,6 +201,7 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 			args[0] = smallAmounts[2] // forget what refusals taught
 		}
 		believed = believed || rp.says()
+		low = appendLow(low, d, rp, fb.Quotas[d.name])
 		args = append(args, r.param[i], d.burst, scriptArg(rp.rem), scriptArg(rp.rate), scriptArg(rp.burst),
 			scriptArg(float64(rp.until.Microseconds())))
 	}
@@ -208,6 +214,24 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		return fmt.Errorf("bucket: redis observe: %w", err)
 	}
 	r.m.observed(key, changed&1 != 0, changed&2 != 0)
+	r.warnLow(ctx, key, low, changed&1 != 0)
 	r.waiting.accepted(key, fb)
 	return nil
+}
+
+// warnLow reports key held low, if that is due: by a report (low), or,
+// after a decrease, by the law (a read of its rates).
+func (r *Redis) warnLow(ctx context.Context, key string, low []lowLimit, decreased bool) {
+	now := time.Now()
+	if !r.low.due(key, now) || len(low) == 0 && !decreased {
+		return
+	}
+	if len(low) == 0 {
+		_, rates, err := r.gauges(ctx, key)
+		if err != nil {
+			return
+		}
+		low = lowRates(r.dims, func(i int) float64 { return rates[r.dims[i].name] })
+	}
+	r.low.warn(key, low, now)
 }

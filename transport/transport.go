@@ -275,6 +275,7 @@ func (t *Transport) unadmit(ctx context.Context, key string, cost bucket.Cost, r
 // send sends r through base: a response with a nil error, or an error and
 // no response, whatever base returns.
 func (t *Transport) send(r *http.Request) (*http.Response, error) {
+	t.ledger.sent.Add(1)
 	resp, err := t.base.RoundTrip(r)
 	if err != nil && resp != nil { // a broken base: err wins
 		if resp.Body != nil {

@@ -189,6 +189,9 @@ func (t *Transport) reconcile(ctx context.Context, key string, charged, actual b
 	}
 	up, down := bucket.Cost{}, bucket.Cost{}
 	for dim, d := range delta {
+		if _, ok := charged[dim]; !ok {
+			continue // not the call's: see Stats.Debited
+		}
 		if d > 0 {
 			up[dim] = d
 		} else {

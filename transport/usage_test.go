@@ -369,3 +369,40 @@ func TestStats(t *testing.T) {
 	st.Charged[bucket.Tokens] = 0
 	assert.Equal(t, 200.0, tr.Stats().Charged[bucket.Tokens], "a copy")
 }
+
+// TestStatsCountsWhatItSays: Sent is the attempts the server saw, a 429
+// and its retry both; Debited and Refunded count only the dimensions the
+// call's cost charged. Before, an Anthropic usage's total tokens, which its
+// cost does not charge and its bucket does not limit, showed in Debited as
+// if taken (the 16 tokens of a call charged input and output apiece), and
+// nothing said how many attempts were sent.
+func TestStatsCountsWhatItSays(t *testing.T) {
+	var seen atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if seen.Add(1) == 1 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"usage":{"input_tokens":6,"output_tokens":10}}`)
+	}))
+	t.Cleanup(srv.Close)
+	b := bucket.NewLocal(bucket.PerSecond(100), bucket.WithLimit(bucket.InputTokens, bucket.PerSecond(1e4)),
+		bucket.WithLimit(bucket.OutputTokens, bucket.PerSecond(1e4)), bucket.WithClock(frozen{}))
+	tr := transport.New(nil, transport.WithBucket(b), transport.WithUsage(llmclient.MeterUsage),
+		transport.WithCost(func(*http.Request) bucket.Cost {
+			return bucket.Cost{bucket.Requests: 1, bucket.InputTokens: 8, bucket.OutputTokens: 20}
+		}))
+	resp, err := tr.RoundTrip(must(http.NewRequest("GET", srv.URL, nil)))
+	require.NoError(t, err)
+	_, err = io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	st := tr.Stats()
+	assert.Equal(t, seen.Load(), st.Sent, "the attempts the server saw")
+	assert.EqualValues(t, 2, st.Sent)
+	assert.Equal(t, bucket.Cost{bucket.Requests: 2, bucket.InputTokens: 16, bucket.OutputTokens: 40}, st.Charged)
+	assert.Equal(t, bucket.Cost{bucket.InputTokens: 2, bucket.OutputTokens: 10}, st.Refunded)
+	assert.Empty(t, st.Debited, "the usage's total tokens were never charged")
+}

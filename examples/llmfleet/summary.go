@@ -18,6 +18,7 @@ type summary struct {
 	redis                string // where the bucket is
 	fake                 bool   // the API is llmtest's
 	rpm, tpm             int
+	reqBurst, tokBurst   float64 // the fleet's bucket's bursts (fleetLimits)
 
 	ok, failed int
 	errs       map[string]int
@@ -40,9 +41,10 @@ type summary struct {
 func summarize(c config, res *results, api *llmtest.Server, start time.Time) summary {
 	res.mu.Lock()
 	defer res.mu.Unlock()
+	reqLim, tokLim := fleetLimits(float64(c.rpm), float64(c.tpm), c.burst)
 	s := summary{
 		procs: c.procs, workers: c.workers, jobs: c.jobs,
-		fake: api != nil, rpm: c.rpm, tpm: c.tpm,
+		fake: api != nil, rpm: c.rpm, tpm: c.tpm, reqBurst: reqLim.Burst, tokBurst: tokLim.Burst,
 		ok: res.ok, failed: res.failed, errs: res.errs,
 		answered: res.attempts, throttled: res.throttled, tokens: res.tokens,
 		ledger:   res.ledger,
@@ -153,6 +155,11 @@ func (s *summary) print(w io.Writer, chart string) {
 		fmt.Fprintf(w, "; %.1f%% from %d s to %d s", 100*s.steady/tokRate, s.steadyFrom, s.steadyTo)
 	}
 	fmt.Fprintln(w, ")")
+	if callsPerSec > reqRate || tokPerSec > tokRate {
+		fmt.Fprintf(w, "          above 100%%: the bucket admits its burst (%s requests, %s tokens: -burst) at once,\n"+
+			"          then its rate: burst + rate × T over a run of T, and the burst counts most in a short run\n",
+			group(s.reqBurst), group(s.tokBurst))
+	}
 	if s.ideal > 0 {
 		fmt.Fprintf(w, "makespan: %.2f s (ideal %.2f s: %+.1f%%)\n",
 			secs, s.ideal.Seconds(), 100*(ratio(secs, s.ideal.Seconds())-1))

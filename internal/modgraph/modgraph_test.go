@@ -28,8 +28,8 @@ var heavy = []string{
 	"go.opentelemetry.io/otel/exporters/prometheus",
 }
 
-// TestLeanGraph makes a module of its own that imports sluice's transport
-// and bucket, as a user's would, with sluice replaced by this checkout, and
+// TestLeanGraph makes a module of its own that imports sluice's root
+// package (its overview, doc.go), transport and bucket, as a user's would, with sluice replaced by this checkout, and
 // checks that go mod graph, after go mod tidy, lists none of heavy.
 func TestLeanGraph(t *testing.T) {
 	root, err := filepath.Abs("../..")
@@ -42,7 +42,7 @@ func TestLeanGraph(t *testing.T) {
 	}
 	dir := t.TempDir()
 	for name, data := range map[string]string{
-		"main.go": "package main\n\nimport (\n\t_ \"github.com/sluicehq/sluice/bucket\"\n" +
+		"main.go": "package main\n\nimport (\n\t_ \"github.com/sluicehq/sluice\"\n\t_ \"github.com/sluicehq/sluice/bucket\"\n" +
 			"\t_ \"github.com/sluicehq/sluice/transport\"\n)\n\nfunc main() {}\n",
 		"go.mod": "module lean\n\ngo 1.26.0\n\nrequire github.com/sluicehq/sluice v0.0.0\n\n" +
 			"replace github.com/sluicehq/sluice => " + root + "\n",
