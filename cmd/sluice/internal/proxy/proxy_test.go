@@ -200,18 +200,20 @@ func TestUnknownRouteAnswers404InTheProvidersShape(t *testing.T) {
 // TestMalformedJSONPassesThroughChargedOneRequest: the proxy does not
 // judge a body: one that is not JSON reaches the upstream, whose answer
 // (llmtest's 400) the client gets as it is, and it is charged one request
-// and no tokens.
+// and no tokens, on the key of a model it cannot read (llmclient.UnknownModel).
 func TestMalformedJSONPassesThroughChargedOneRequest(t *testing.T) {
 	srv := llmtest.NewServer(llmtest.Config{})
 	defer srv.Close()
 	p := start(t, oneRoute(srv.URL, presetOpenAI, Limits{Requests: "1/h burst 10", Tokens: "1000/h"}))
-	resp := post(t, p.URL+"/chat/completions", `{"model": "gpt-test", "messages": [`)
+	const malformed = `{"model": "gpt-test", "messages": [`
+	resp := post(t, p.URL+"/chat/completions", malformed)
 	raw := readAll(t, resp)
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	assert.Contains(t, raw, "Invalid request", "the upstream's own answer")
 	assert.Equal(t, int64(1), srv.Stats().Invalid)
 
-	key := upstreamKey(t, srv.URL, "sk-test", "")
+	key := bodyKey(srv.URL, "sk-test", malformed)
+	assert.True(t, strings.HasSuffix(key, "/"+llmclient.UnknownModel), key)
 	left := p.localTokens(t, "/", key)
 	assert.InDelta(t, 9, left[bucket.Requests], 0.01, "charged one request")
 	assert.InDelta(t, 1000, left[bucket.Tokens], 0.01, "and no tokens")
@@ -224,6 +226,12 @@ func upstreamKey(t testing.TB, upstream, apiKey, model string) string {
 	if model != "" {
 		body = `{"model":"` + model + `"}`
 	}
+	return bodyKey(upstream, apiKey, body)
+}
+
+// bodyKey is the key the OpenAI preset charges a call to upstream's chat
+// completions with apiKey and body.
+func bodyKey(upstream, apiKey, body string) string {
 	r := httptest.NewRequest(http.MethodPost, upstream+"/chat/completions", strings.NewReader(body))
 	r.Header.Set("Authorization", "Bearer "+apiKey)
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(strings.NewReader(body)), nil }
