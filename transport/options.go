@@ -136,8 +136,10 @@ func WithBreaker(s gobreaker.Settings) Option {
 
 // WithMaxWait bounds how long one attempt may wait for the bucket (and for a
 // Retry-After pause of its key); an attempt that would wait longer fails at
-// once with an error that errors.Is bucket.ErrDeadline. d <= 0 (the
-// default) means the wait is bounded only by the request context's deadline.
+// once with an error that errors.Is bucket.ErrDeadline. A refusal (see
+// Retry.MaxRefusals) is not retried once the request would have waited
+// longer than d in all. d <= 0 (the default) means the wait is bounded
+// only by the request context's deadline.
 func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(c *config) {
 		if d <= 0 {

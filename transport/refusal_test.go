@@ -2,12 +2,14 @@ package transport_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/sluicehq/sluice/bucket"
 	"github.com/sluicehq/sluice/transport"
@@ -91,4 +93,66 @@ func TestRefusalRetriesLogged(t *testing.T) {
 	assert.Contains(t, done, "attempts=5")
 	assert.Contains(t, done, "refusals=4")
 	assert.Contains(t, done, "waited=5s")
+}
+
+// TestRefusalsWaitedOutWithinMaxWait: the retries of refusals are bounded
+// by WithMaxWait in all, not per attempt only: an upstream that refuses
+// everything with retry-after-ms 300 gets one attempt under a max wait of
+// 50 ms (it got MaxRefusals+1 = 21, 6.6 s, before), and four under 1 s
+// (0, 300, 600 and 900 ms waited before each).
+func TestRefusalsWaitedOutWithinMaxWait(t *testing.T) {
+	refusal := status(429, "Retry-After-Ms", "300")
+	forever := make([]step, 100)
+	for i := range forever {
+		forever[i] = refusal
+	}
+	for _, tt := range []struct {
+		maxWait  time.Duration
+		attempts int
+	}{{50 * time.Millisecond, 1}, {time.Second, 4}} {
+		t.Run(tt.maxWait.String(), func(t *testing.T) {
+			s := newScript(forever...)
+			defer s.Close()
+			resp, _ := do(t, s, "GET", nil, transport.WithBucket(bucket.NewLocal(bucket.PerSecond(1000))),
+				transport.WithMaxWait(tt.maxWait), transport.WithRetry(transport.Retry{Jitter: -1}))
+			assert.Equal(t, 429, resp.StatusCode)
+			assert.EqualValues(t, tt.attempts, s.hits.Load(), "attempts")
+		})
+	}
+}
+
+// TestUnreadRefusalCountsAsAnAttempt: a 429 whose body cannot be read
+// (gzip, for a caller that asked for it with its own Accept-Encoding) and
+// that names no delay nor quota may be a spent quota: it is retried as any
+// failure, MaxAttempts (3) times, not MaxRefusals (it got 21 attempts
+// before). The same body uncompressed is read as the spent quota it is:
+// one attempt.
+func TestUnreadRefusalCountsAsAnAttempt(t *testing.T) {
+	const quota = `{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`
+	var gz bytes.Buffer
+	w := gzip.NewWriter(&gz)
+	_, err := w.Write([]byte(quota))
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+	for _, tt := range []struct {
+		name     string
+		step     step
+		attempts int
+	}{
+		{"gzip", step{status: 429, header: map[string]string{"Content-Encoding": "gzip"}, body: gz.String()}, 3},
+		{"plain", step{status: 429, body: quota}, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			steps := make([]step, 30)
+			for i := range steps {
+				steps[i] = tt.step
+			}
+			s := newScript(steps...)
+			defer s.Close()
+			resp, _ := do(t, s, "GET", map[string]string{"Accept-Encoding": "gzip"},
+				transport.WithBucket(bucket.NewLocal(bucket.PerSecond(1000))))
+			assert.Equal(t, 429, resp.StatusCode)
+			assert.EqualValues(t, tt.attempts, s.hits.Load(), "attempts")
+		})
+	}
 }

@@ -55,12 +55,15 @@ type Retry struct {
 	MaxAttempts int
 	// MaxRefusals is, when the Transport has a bucket (WithBucket), the
 	// most retries of one request after refusals for rate or load that
-	// waiting cures: a 429 (not a spent quota), or a 503 or 529 that asks
-	// for a delay (a Retry-After, or one its body states). Such a retry
-	// waits on the bucket, which has just learnt from the refusal, like
-	// any attempt: it is sent once the fleet's rate and pause allow, as
-	// long as the request's context and WithMaxWait allow that wait; and
-	// it is not counted against MaxAttempts. MaxRefusals bounds the retries
+	// waiting cures: a 429 (not a spent quota, nor one whose body could
+	// not be read and that names no delay nor quota: that may be a spent
+	// quota), or a 503 or 529 that asks for a delay (a Retry-After, or one
+	// its body states). Such a retry waits on the bucket, which has just
+	// learnt from the refusal, like any attempt: it is sent once the
+	// fleet's rate and pause allow, as long as the request's context
+	// allows that wait and the request has not waited longer than
+	// WithMaxWait in all (its attempts' waits and the delays before its
+	// retries); and it is not counted against MaxAttempts. MaxRefusals bounds the retries
 	// when nothing else does (no deadline, no max wait): an upstream that
 	// refuses everything, even with Retry-After: 0, gets at most
 	// MaxRefusals+1 attempts of a request, each paced by the bucket. Zero
@@ -163,6 +166,7 @@ const (
 	finalRetryAfter // the response asks for more than MaxRetryAfter
 	finalDeadline   // the retry would start after the context's deadline
 	finalRefusals   // refused MaxRefusals times already
+	finalMaxWait    // the retry of a refusal would wait past WithMaxWait, with what the request waited before
 )
 
 // retry reports whether the attempt is retried.
@@ -188,6 +192,8 @@ func (w reason) String() string {
 		return "the retry would pass the deadline"
 	case finalRefusals:
 		return "refused MaxRefusals times"
+	case finalMaxWait:
+		return "the retry would wait past the max wait"
 	}
 	return "reason(" + strconv.Itoa(int(w)) + ")"
 }

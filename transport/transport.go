@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -117,7 +118,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		last = nil
+		refused := t.cfg.retry.refused(rep, err, t.cfg.bucket != nil)
 		delay, why := t.cfg.retry.decide(ctx, req, n, rep, err, tr, t.cfg.bucket != nil, t.cfg.now(), t.cfg.rand())
+		if why.retry() && refused && waited+delay > t.cfg.maxWait {
+			why = finalMaxWait // refusals are waited out within WithMaxWait, in all
+		}
 		if !why.retry() {
 			if l := t.logger(ctx); l != nil && why.logged() {
 				logReq(ctx, l, req, "sluice: not retrying: "+why.String(), slog.Int("attempt", n),
@@ -126,7 +131,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			t.ended(ctx, req, n, tr, waited)
 			return t.metered(ctx, key, cost, rep.epoch, resp), err
 		}
-		tr = tr.after(why, t.cfg.retry.refused(rep, err, t.cfg.bucket != nil))
+		tr = tr.after(why, refused)
 		last, lastEpoch = drained(resp), rep.epoch
 		t.metrics.retry(ctx, rep.status)
 		if l := t.logger(ctx); l != nil {
@@ -425,6 +430,9 @@ type reply struct {
 	// other status of 400 or more, its Retry-After (adaptive.RetryAfter).
 	after time.Duration
 	asked bool
+	// unread is set when a refusal's body could not be read (unreadBody),
+	// so that what it says is not known.
+	unread bool
 	// shouldRetry is what an x-should-retry header on a status of 400 or
 	// more says: a retry or none, whatever the status.
 	shouldRetry verdict
@@ -435,9 +443,26 @@ type reply struct {
 
 // refusal reports whether r is a refusal for rate or load that waiting
 // cures: a rate limit (not a spent quota), or an overload that asks for a
-// delay.
+// delay. A rate limit whose body could not be read (unread), and that
+// neither asks for a delay nor reports its quota, may be a spent quota:
+// it is no such refusal.
 func (r reply) refusal() bool {
-	return r.fb.Class == adaptive.RateLimited || r.fb.Class == adaptive.Overloaded && r.asked
+	switch r.fb.Class {
+	case adaptive.RateLimited:
+		return !r.unread || r.asked || len(r.fb.Quotas) > 0
+	case adaptive.Overloaded:
+		return r.asked
+	}
+	return false
+}
+
+// unreadBody reports whether the body of resp, of which peek read head,
+// could not be read whole as text: it came too late (head is nil), it is
+// longer than peek reads, or it is compressed (a caller that sets
+// Accept-Encoding itself gets it so).
+func unreadBody(resp *http.Response, head []byte) bool {
+	ce := resp.Header.Get("Content-Encoding")
+	return head == nil || len(head) >= peek.Max || ce != "" && !strings.EqualFold(ce, "identity")
 }
 
 // verdict is a header's say on a retry.
@@ -458,7 +483,10 @@ func read(resp *http.Response, now time.Time) reply {
 		return r
 	}
 	if r.fb.Class != adaptive.Accepted {
-		r.fb = r.fb.WithBody(adaptive.ParseBody(peek.Response(resp)))
+		hasBody := resp.Body != nil && resp.Body != http.NoBody
+		head := peek.Response(resp)
+		r.unread = hasBody && unreadBody(resp, head)
+		r.fb = r.fb.WithBody(adaptive.ParseBody(head))
 		r.after, r.asked = r.fb.RetryAfter, r.fb.HasRetryAfter
 	} else {
 		r.after, r.asked = adaptive.RetryAfter(resp.Header, now)
