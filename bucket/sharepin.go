@@ -146,15 +146,21 @@ func (s *scripted) readPins(ctx context.Context, key string) []Limit {
 }
 
 // lowerPin returns the lower of own and v, a pinned number in millionths
-// as Redis keeps it, if v is one from least up; else own.
+// as Redis keeps it, if v is one from least up and within maxPinRatio of
+// own (a pin further off is a configuration error the scripts ignore, see
+// pinOne in redis_lua.go); else own.
 func lowerPin(own float64, v any, least float64) float64 {
 	str, ok := v.(string)
 	if !ok {
 		return own
 	}
 	u, err := strconv.ParseFloat(str, 64)
-	if u /= 1e6; err != nil || !(u >= least) {
+	if u /= 1e6; err != nil || !(u >= least) || own > u*maxPinRatio {
 		return own
 	}
 	return min(own, u)
 }
+
+// maxPinRatio is how far below a process's own limit a pin may hold it,
+// as the scripts' maxPinRatio (redis_lua.go).
+const maxPinRatio = 1000
