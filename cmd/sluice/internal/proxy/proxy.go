@@ -165,6 +165,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.logRequest(r, rt, ex.status, start)
 }
 
+// growAhead is the most of a request body's declared length the proxy
+// makes room for before it arrives.
+const growAhead = 1 << 20
+
 // buffer reads r's body, at most p.maxBody bytes, into memory, so that the
 // Transport can replay it (GetBody) and the presets read its model and
 // cost. It returns the status to answer if it cannot.
@@ -178,7 +182,9 @@ func (p *Proxy) buffer(w http.ResponseWriter, r *http.Request) (int, error) {
 	}
 	var buf bytes.Buffer
 	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength))
+		// What the client says it sends, but not ahead of what it sends:
+		// a client that declares the cap and trickles holds no more.
+		buf.Grow(int(min(r.ContentLength, growAhead)))
 	}
 	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, p.maxBody))
 	var mbe *http.MaxBytesError

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -489,4 +490,15 @@ func TestGzipAnswerIsReconciled(t *testing.T) {
 	assert.Equal(t, usage, body)
 	left := p.localTokens(t, "/", upstreamKey(t, up.URL, "sk-test", "gpt-test"))
 	assert.InDelta(t, 100000-21, left[bucket.Tokens], 1, "charged the usage's tokens")
+}
+
+// TestRetryAfterOfNeverIsBounded: a bucket's "never" (a RetryAfter of
+// math.MaxInt64) overflowed into a negative retry-after-ms and
+// retry-after; it is asked as maxRetryAfter, a day.
+func TestRetryAfterOfNeverIsBounded(t *testing.T) {
+	rec := httptest.NewRecorder()
+	apiError{http.StatusTooManyRequests, kindRateLimit, "sluice: never"}.write(rec, shapeOpenAI, time.Duration(math.MaxInt64))
+	assert.Equal(t, "86400000", rec.Header().Get("Retry-After-Ms"))
+	assert.Equal(t, "86400", rec.Header().Get("Retry-After"))
+	assert.Equal(t, "true", rec.Header().Get("X-Should-Retry"))
 }

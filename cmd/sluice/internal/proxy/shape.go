@@ -87,6 +87,9 @@ func (e apiError) body(s shape) []byte {
 	return b
 }
 
+// maxRetryAfter is the longest delay a 429 of the proxy's asks for.
+const maxRetryAfter = 24 * time.Hour
+
 // write answers e in shape s. A positive retry sets retry-after-ms,
 // retry-after (whole seconds, rounded up) and x-should-retry: true, which
 // the official SDKs honour; retry < 0 sets x-should-retry: false.
@@ -95,6 +98,7 @@ func (e apiError) write(w http.ResponseWriter, s shape, retry time.Duration) {
 	h.Set("Content-Type", "application/json")
 	switch {
 	case retry > 0:
+		retry = min(retry, maxRetryAfter) // a bucket's "never" is math.MaxInt64
 		ms := (retry + time.Millisecond - 1) / time.Millisecond
 		h.Set("Retry-After-Ms", strconv.FormatInt(int64(ms), 10))
 		h.Set("Retry-After", strconv.FormatInt(int64((retry+time.Second-1)/time.Second), 10))
