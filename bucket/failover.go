@@ -41,6 +41,8 @@ var ErrUnavailable = errors.New("bucket: redis unavailable")
 type UnavailableError struct {
 	Addr string // the client's address(es)
 	Err  error  // Redis's error, or gobreaker.ErrOpenState or ErrTooManyRequests
+
+	isolated bool // the call failed alone (failover.isolated): no sign of the fleet's outage
 }
 
 func (e *UnavailableError) Error() string {
@@ -513,12 +515,13 @@ func (f *failover) call(ctx context.Context, timeout time.Duration, call func(co
 		done(err)
 		return ce
 	}
-	if f.isolated(start, err) {
+	isolated := f.isolated(start, err)
+	if isolated {
 		done(errNotRedis)
 	} else {
 		done(err)
 	}
-	return &UnavailableError{Addr: f.addr, Err: err}
+	return &UnavailableError{Addr: f.addr, Err: err, isolated: isolated}
 }
 
 // misconfig is a configuration error a call found, and when.

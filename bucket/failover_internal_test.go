@@ -149,3 +149,47 @@ func TestSharesDoNotChain(t *testing.T) {
 		t.Errorf("only %d of %d replaced shares were collected: the shares chain", finalized.Load(), made-1)
 	}
 }
+
+// TestIsolatedFailureIsNoOutage: a call that timed out while a call begun
+// after it was served failed alone (a slow connection, this process's own
+// pause): its share takes it, but does not count it as the fleet's outage,
+// so the settle after it debits no other member's share. Every such
+// timeout had the first call back debit (n-1) times its debt again: with
+// 50 members, a single 4,000-token call cost the fleet 196,000 tokens.
+func TestIsolatedFailureIsNoOutage(t *testing.T) {
+	srv := redistest.Own(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { rdb.Close() })
+	b := NewRedis(rdb, PerSecond(1000), WithPrefix(fmt.Sprintf("isolated%d", time.Now().UnixNano())))
+	ctx := t.Context()
+	if _, err := b.Reserve(ctx, "k", N(1), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		time.Sleep(20 * time.Millisecond) // begun after the slow call
+		if _, err := b.Reserve(ctx, "k", N(1), time.Second); err != nil {
+			t.Error(err)
+		}
+	}()
+	err := b.fo.call(ctx, time.Second, func(cctx context.Context) error {
+		<-served
+		return context.DeadlineExceeded // as a timed-out read says
+	})
+	var ue *UnavailableError
+	if !errors.As(err, &ue) {
+		t.Fatalf("the slow call: %v, want an *UnavailableError", err)
+	}
+	sh := b.fo.fallback(err)
+	if sh == nil {
+		t.Fatal("no share took the isolated failure")
+	}
+	if sh.outage.Load() {
+		t.Error("a failure alone, after which Redis served a later call, was taken for the fleet's outage")
+	}
+	notIsolated := &UnavailableError{Addr: ue.Addr, Err: context.DeadlineExceeded}
+	if sh := b.fo.fallback(notIsolated); sh == nil || !sh.outage.Load() {
+		t.Error("a timeout that did not fail alone was not taken for an outage")
+	}
+}

@@ -29,9 +29,10 @@ func (f *failover) fallback(err error) *share {
 		return nil
 	}
 	sh := f.shareFor()
-	if !brokenConn(ue.Err) {
+	if !brokenConn(ue.Err) && !ue.isolated {
 		// A slow or refusing Redis fails every process's calls, not
-		// one connection's (see failover.settle).
+		// one connection's (see failover.settle); but a call that failed
+		// while a later one was served failed alone.
 		sh.outage.Store(true)
 	}
 	return sh
