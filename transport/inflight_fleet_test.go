@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -49,7 +50,8 @@ type flightConfig struct {
 
 type flightResult struct {
 	OK, Failed int
-	Last       int64 // Unix ns of its last completion
+	Last       int64         // Unix ns of its last completion
+	Stall      time.Duration // the longest its timers came late (fleettest.WatchStalls)
 	Err        string
 }
 
@@ -79,6 +81,7 @@ func flightWorker() int {
 		return 2
 	}
 	time.Sleep(time.Until(start))
+	stalls := fleettest.WatchStalls()
 	var (
 		next atomic.Int64
 		mu   sync.Mutex
@@ -112,6 +115,7 @@ func flightWorker() int {
 		})
 	}
 	wg.Wait()
+	res.Stall = stalls()
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
 		return 1
 	}
@@ -218,7 +222,9 @@ func startFlightFleet(t *testing.T, cfg flightConfig) ([]*fleettest.Worker, time
 // TestInFlightFleet is the acceptance test of the fleet-wide in-flight
 // limit: 64 goroutines in 4 processes, limit 8, streamed responses of
 // random length. The server never sees more than 8 at once; the fleet's
-// throughput is at least 95% of 8 / the mean latency the server measured;
+// throughput is at least 95% of 8 / the mean latency the server measured
+// (a run that misses it while the machine stalls a worker is made again:
+// runFlightThroughput);
 // and the slots of a process killed (SIGKILL) mid-stream are free within
 // the lease, and the fleet has 8 in flight again.
 func TestInFlightFleet(t *testing.T) {
@@ -227,38 +233,23 @@ func TestInFlightFleet(t *testing.T) {
 	}
 	addr := redistest.Addr(t)
 	rdb := redistest.Client(t)
+	// A server that started less than a renewal ago grants no slot (it may
+	// have lost its holders: see bucket.NewInFlight): run alone, the test
+	// would time the first two seconds of the test server's life, when the
+	// fleet's waiters are queued, not served.
+	require.Eventually(t, func() bool {
+		info := rdb.Info(t.Context(), "server").Val()
+		_, up, _ := strings.Cut(info, "uptime_in_seconds:")
+		n, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(up, "\n", 2)[0]))
+		return err == nil && n > int(math.Ceil(flightLease.Seconds()/3))+1
+	}, 10*time.Second, 50*time.Millisecond, "the test server's uptime")
 
 	t.Run("throughput", func(t *testing.T) {
-		srv := newStreamServer(t)
-		key := fmt.Sprintf("inflight-fleet-%d", time.Now().UnixNano())
-		procs, start := startFlightFleet(t, flightConfig{Redis: addr, URL: srv.URL, Key: key, Calls: flightCalls})
-		var total flightResult
-		for i, p := range procs {
-			var r flightResult
-			require.NoError(t, p.Report(i, &r))
-			assert.Empty(t, r.Err, "worker %d", i+1)
-			total.OK += r.OK
-			total.Failed += r.Failed
-			total.Last = max(total.Last, r.Last)
+		for n := 1; ; n++ {
+			if runFlightThroughput(t, rdb, addr, n) {
+				return
+			}
 		}
-		makespan := time.Unix(0, total.Last).Sub(start)
-		mean, inFlight, last := srv.load(start)
-		ideal := flightLimit / mean.Seconds()
-		// Throughput while the work lasted, by Little's law: the mean
-		// number in flight over the mean latency. The makespan's adds the
-		// end, when the last calls, of random length, finish one by one
-		// with nobody left to take the slots they free.
-		throughput := inFlight / mean.Seconds()
-		t.Logf("%d processes x %d goroutines, limit %d: %d calls (%d failed) in %.2fs, mean latency %v at the server, at most %d in flight there; until the last call began (%.2fs) %.2f in flight on average: throughput %.1f/s = %.1f%% of 8/mean latency (%.1f/s); over the makespan %.1f/s = %.1f%%",
-			flightProcs, flightGoroutines, flightLimit, total.OK, total.Failed, makespan.Seconds(), mean.Round(time.Millisecond),
-			srv.most.Load(), last.Sub(start).Seconds(), inFlight, throughput, 100*throughput/ideal, ideal,
-			float64(total.OK)/makespan.Seconds(), 100*float64(total.OK)/makespan.Seconds()/ideal)
-		assert.Equal(t, flightCalls, total.OK)
-		assert.LessOrEqual(t, srv.most.Load(), int64(flightLimit), "the server never sees more than the limit")
-		assert.Equal(t, int64(flightLimit), srv.most.Load(), "and sees it")
-		assert.GreaterOrEqual(t, throughput, 0.95*ideal, "throughput at least 95%% of 8 / mean latency")
-		h := "sluice:{" + key + "}/inflight"
-		assert.Zero(t, rdb.Exists(t.Context(), h, h+"/queue", h+"/waiting").Val(), "no key is left")
 	})
 
 	t.Run("killed mid-stream", func(t *testing.T) {
@@ -330,4 +321,57 @@ func TestInFlightFleet(t *testing.T) {
 		}
 		assert.LessOrEqual(t, srv.most.Load(), int64(flightLimit), "the server never sees more than the limit")
 	})
+}
+
+// How late a worker's timer must come (fleettest.WatchStalls) for a
+// throughput run below its bound to be made again, and the most runs.
+const (
+	flightStall = 100 * time.Millisecond
+	flightRuns  = 3
+)
+
+// runFlightThroughput makes run n of TestInFlightFleet's throughput part
+// and asserts it, unless its throughput missed the bound while a worker
+// went unscheduled for flightStall or more and fewer than flightRuns were
+// made: then it reports false, to be made again. A slot freed while its
+// next holder's process is not running stays empty until it runs: that
+// measures the machine, not the in-flight limit. Every other bound is
+// asserted on every run.
+func runFlightThroughput(t *testing.T, rdb *redis.Client, addr string, n int) bool {
+	srv := newStreamServer(t)
+	key := fmt.Sprintf("inflight-fleet-%d", time.Now().UnixNano())
+	procs, start := startFlightFleet(t, flightConfig{Redis: addr, URL: srv.URL, Key: key, Calls: flightCalls})
+	var total flightResult
+	for i, p := range procs {
+		var r flightResult
+		require.NoError(t, p.Report(i, &r))
+		assert.Empty(t, r.Err, "worker %d", i+1)
+		total.OK += r.OK
+		total.Failed += r.Failed
+		total.Last = max(total.Last, r.Last)
+		total.Stall = max(total.Stall, r.Stall)
+	}
+	makespan := time.Unix(0, total.Last).Sub(start)
+	mean, inFlight, last := srv.load(start)
+	ideal := flightLimit / mean.Seconds()
+	// Throughput while the work lasted, by Little's law: the mean number in
+	// flight over the mean latency. The makespan's adds the end, when the
+	// last calls, of random length, finish one by one with nobody left to
+	// take the slots they free.
+	throughput := inFlight / mean.Seconds()
+	t.Logf("run %d: %d processes x %d goroutines, limit %d: %d calls (%d failed) in %.2fs, mean latency %v at the server, at most %d in flight there; until the last call began (%.2fs) %.2f in flight on average: throughput %.1f/s = %.1f%% of 8/mean latency (%.1f/s); over the makespan %.1f/s = %.1f%%; longest worker stall %v",
+		n, flightProcs, flightGoroutines, flightLimit, total.OK, total.Failed, makespan.Seconds(), mean.Round(time.Millisecond),
+		srv.most.Load(), last.Sub(start).Seconds(), inFlight, throughput, 100*throughput/ideal, ideal,
+		float64(total.OK)/makespan.Seconds(), 100*float64(total.OK)/makespan.Seconds()/ideal, total.Stall.Round(time.Millisecond))
+	assert.Equal(t, flightCalls, total.OK)
+	assert.LessOrEqual(t, srv.most.Load(), int64(flightLimit), "the server never sees more than the limit")
+	assert.Equal(t, int64(flightLimit), srv.most.Load(), "and sees it")
+	h := "sluice:{" + key + "}/inflight"
+	assert.Zero(t, rdb.Exists(t.Context(), h, h+"/queue", h+"/waiting").Val(), "no key is left")
+	if throughput < 0.95*ideal && total.Stall >= flightStall && n < flightRuns {
+		t.Logf("run %d missed the throughput bound while a worker stalled for %v: once more", n, total.Stall.Round(time.Millisecond))
+		return false
+	}
+	assert.GreaterOrEqual(t, throughput, 0.95*ideal, "throughput at least 95%% of 8 / mean latency")
+	return true
 }
