@@ -315,7 +315,8 @@ type failover struct {
 	failing   atomic.Bool               // calls have gone to the share since the last that worked
 	coldUntil atomic.Int64              // Unix ns
 
-	pins       pins // the fleet's lower limits this process has seen, by key
+	pins       pins         // the fleet's lower limits this process has seen, by key
+	windows    *windowsSeen // the token bucket's windows as this process has seen them; nil: none
 	slotsMu    sync.Mutex
 	slots      map[string]slotSeen // each key's last slot on Redis, by clock
 	slotsSweep int                 // len(slots) at which passed slots are next forgotten

@@ -33,6 +33,8 @@ type fleetSpec struct {
 	Requests   bucket.Limit
 	Tokens     *bucket.Limit // second dimension, charged with TokenCost
 	TokenCost  float64
+	Day        *bucket.Limit // a window of Requests (WithWindow); nil: none
+	Timeout    time.Duration // the Redis client's read and write timeouts; 0: go-redis's
 	Goroutines int
 	Start      time.Time // all workers begin together: set by fleettest.Release
 	Duration   time.Duration
@@ -61,13 +63,17 @@ func fleetWorker() int {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 2
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: spec.Addr, PoolSize: spec.Goroutines})
+	rdb := redis.NewClient(&redis.Options{Addr: spec.Addr, PoolSize: spec.Goroutines,
+		ReadTimeout: spec.Timeout, WriteTimeout: spec.Timeout})
 	defer rdb.Close()
 	cost := bucket.N(1)
 	var opts []bucket.Option
 	if spec.Tokens != nil {
 		opts = append(opts, bucket.WithLimit(bucket.Tokens, *spec.Tokens))
 		cost[bucket.Tokens] = spec.TokenCost
+	}
+	if spec.Day != nil {
+		opts = append(opts, bucket.WithWindow(bucket.Requests, *spec.Day))
 	}
 	if spec.Lease > 0 {
 		opts = append(opts, bucket.WithLeasing(spec.Lease, spec.LeaseTTL))
@@ -148,6 +154,13 @@ type fleetRun struct {
 // that takes on a loaded machine.
 func runFleetStamped(t *testing.T, procs int, spec fleetSpec) fleetRun {
 	t.Helper()
+	return runFleetDuring(t, procs, spec, nil)
+}
+
+// runFleetDuring is runFleetStamped that runs during (if not nil) once the
+// workers are released, given their common start, while they run.
+func runFleetDuring(t *testing.T, procs int, spec fleetSpec, during func(start time.Time)) fleetRun {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), spec.Duration+time.Minute)
 	defer cancel()
 	workers := make([]*fleettest.Worker, 0, procs)
@@ -165,6 +178,9 @@ func runFleetStamped(t *testing.T, procs int, spec fleetSpec) fleetRun {
 	require.NoError(t, fleettest.AwaitReady(workers))
 	run := fleetRun{start: time.Now().Add(100 * time.Millisecond)}
 	require.NoError(t, fleettest.Release(workers, run.start))
+	if during != nil {
+		during(run.start)
+	}
 	var first, last time.Time
 	for i, w := range workers {
 		var r fleetResult

@@ -94,8 +94,12 @@ func WithLimit(dim string, l Limit) Option {
 // refills last. A window is exact: the adaptive law neither cuts nor
 // pauses it, and the provider's reports (which speak of the dimension's
 // own limit) leave it alone; so a per-minute refusal costs the day nothing.
-// Its state lasts as long as it takes to refill, a day for a daily window;
-// a Redis that lost it (a restart, an outage) starts it full. In Redis,
+// Its state lasts as long as it takes to refill, a day for a daily window.
+// Each process remembers what Redis last said a key's window held, refilled
+// since: a window that Redis lost (a restart, a flush) and made anew full is
+// lowered back to that by the first call that finds it new, and an outage's
+// share starts at its part of it; a process that has not used the key, or
+// leases it (WithLeasing), remembers nothing. In Redis,
 // Tokens and the metrics it is the dimension "<dim>/<its length>", such as
 // "requests/24h0m0s". dim must be limited (the constructor's Requests, or
 // WithLimit). It panics with a *LimitError if l is invalid.

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -59,7 +60,26 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r.low = newLowWarner(r.fo.log, r.metrics.label, r.m)
 	r.waiting = &refunds{}
 	r.leases = newLeases(r.leasing)
+	if slices.ContainsFunc(r.dims, dim.window) {
+		r.fo.windows = newWindowsSeen(r.dims)
+		r.fo.windows.lower = r.lowerWindows
+	}
 	return r
+}
+
+// lowerWindows lowers key's windows to the amounts in to, where they hold
+// more (see windowsSeen), with one call to Redis.
+func (r *Redis) lowerWindows(ctx context.Context, key string, to Cost) error {
+	base := r.baseKey(key)
+	keys := []string{base}
+	args := []any{smallAmounts[0], r.span, r.adapt.flags()}
+	for i, d := range r.dims {
+		if v, ok := to[d.name]; ok && d.window() {
+			keys = append(keys, r.dimKey(base, d.name))
+			args = append(args, r.param[i], d.burst, scriptArg(v))
+		}
+	}
+	return r.run(ctx, lowerScript, keys, args...).Err()
 }
 
 func (r *Redis) refunds() *refunds { return r.waiting }

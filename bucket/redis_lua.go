@@ -431,6 +431,11 @@ end
 // after the one before it at the same instant: it reads what those wrote,
 // and a refusal takes nothing. With more than one, the reply is a table of
 // each one's reply, in order.
+//
+// A reservation that charges a window (WithWindow) replies a table always,
+// {wait, epoch, the pins' flags} and its place if it has one, and then for
+// each window it charges, in order, the window's tokens after it in
+// millionths and its hash's life (i; 0: no hash).
 var reserveScript = newScript(luaCommon + luaPlace + `
 local f, epoch = fraction(span, law)
 local k = #KEYS - 1
@@ -451,7 +456,7 @@ local function reserve(wmax, o, step)
         pt = pt - amount
         w = math.max(w, at - now + deficit(pt, pr))
       end
-      st[#st+1] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, key, arate, aburst, amount}
+      st[#st+1] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, key, arate, aburst, amount, tonumber(ARGV[3*i+1]) < 0}
       wait = math.max(wait, w)
     end
   end
@@ -479,12 +484,27 @@ local function reserve(wmax, o, step)
   local pins = 0
   if held then pins = 1 end
   if pinIgnored then pins = pins + 2 end
+  local out
   if wait >= 250000 then
     -- a wait that may move up (minMoveUp): its place in each dimension
-    local out = {wait, epoch, pins}
+    out = {wait, epoch, pins}
     for _, s in ipairs(st) do
       place(out, s[11], s[1], s[2], s[4], s[6], s[7])
     end
+  end
+  for _, s in ipairs(st) do
+    if s[15] then
+      -- a window (WithWindow): its tokens now, and its hash's life, which a
+      -- hash made anew (a restart, a flush) changes: the process lowers it
+      -- to what it saw the window hold (see windowsSeen)
+      local tk = s[1]
+      if wait < 0 then tk = tk + s[14] end
+      out = out or {wait, epoch, pins}
+      out[#out+1] = math.floor(tk * 1e6 + 0.5)
+      out[#out+1] = tonumber(redis.call('HGET', s[11], 'i')) or 0
+    end
+  end
+  if out then
     return out
   end
   if pins > 0 then
@@ -557,6 +577,24 @@ for i = 1, #KEYS - 1 do
     store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, arate, aburst)
   else
     redis.call('DEL', key) -- kept while pinned: it would lose the pin
+  end
+end
+return 1
+`)
+
+// lowerScript lowers each dimension key to its amount where it holds more,
+// changing nothing elsewhere: a window (WithWindow) that Redis made anew (a
+// restart, a flush) while a process had seen it hold less, refilled since
+// (see windowsSeen). A lowering is a cut, credited as a debit is. ARGV[1]
+// is unused.
+var lowerScript = newScript(luaCommon + luaCredit + `
+local f = fraction(span, law)
+for i = 1, #KEYS - 1 do
+  local key, to = KEYS[i+1], tonumber(ARGV[3*i+3])
+  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin, _, _, arate, aburst = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  if tk > to then
+    credit(key, 'f', to - tk)
+    store(key, to, at, x, rate, burst, pt, pr, pb, rx, pin, arate, aburst)
   end
 end
 return 1

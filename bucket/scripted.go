@@ -203,12 +203,9 @@ func (s *scripted) reserveBy(ctx context.Context, script *script, key string, co
 // from a reserve script over dims dimension keys was v, or whose call
 // failed with err: the fail-open share's if Redis is unavailable.
 func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait time.Duration, v any, err error, dims int) (Reservation, []constraint, server, error) {
-	var w int64
-	var epoch uint64
-	var pins int64
-	var place []constraint
+	var rep reserveReply
 	if err == nil {
-		w, epoch, pins, place, err = reservation(v, dims)
+		rep, err = reservation(v, dims, s.windowsCharged(cost))
 	}
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
@@ -217,23 +214,27 @@ func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait t
 		}
 		return Reservation{}, nil, servedRedis, fmt.Errorf("bucket: redis reserve: %w", err)
 	}
+	w := rep.wait
 	if w > max(maxWait, 0).Microseconds() {
 		// A reply the scripts never give (a proxy's, a server's bug): the
 		// caller's wait accounting must not trust it.
 		return Reservation{}, nil, servedRedis, fmt.Errorf("bucket: redis reserve: unexpected reply %d: a wait beyond %v", w, maxWait)
 	}
-	s.heldLower(ctx, key, pins&pinHeld != 0)
-	if pins&pinIgnored != 0 {
+	s.heldLower(ctx, key, rep.pins&pinHeld != 0)
+	if rep.pins&pinIgnored != 0 {
 		s.pinLog.ignored(s.fo.logger(), s.prefix)
+	}
+	if len(rep.windows) > 0 {
+		s.keepWindows(ctx, key, cost, rep.windows, w >= 0)
 	}
 	if w > 0 {
 		s.fo.slot(key, s.fo.clock.Now().Add(micros(w)))
 	}
 	s.fo.settle(ctx, s.debit, s.gauge, key)
 	if w < 0 {
-		return Reservation{RetryAfter: micros(-w), Epoch: epoch}, nil, servedRedis, nil
+		return Reservation{RetryAfter: micros(-w), Epoch: rep.epoch}, nil, servedRedis, nil
 	}
-	return Reservation{OK: true, Delay: micros(w), Epoch: epoch}, place, servedRedis, nil
+	return Reservation{OK: true, Delay: micros(w), Epoch: rep.epoch}, rep.place, servedRedis, nil
 }
 
 // stateKeys is how many of a script's KEYS are not a dimension's.
@@ -259,33 +260,76 @@ const (
 	pinIgnored = 2 // a pin too far from this process's limit was ignored
 )
 
-// reservation reads a reserve script's reply over dims dimension keys:
-// the wait in microseconds, or the wait and the key's epoch, and then the
-// pins' flags (pinHeld, pinIgnored) if any; or, for a wait that may move
-// up, the wait, the epoch, the pins' flags, and the reservation's place.
-func reservation(v any, dims int) (w int64, epoch uint64, pins int64, place []constraint, err error) {
+// reserveReply is a reserve script's reply to one reservation.
+type reserveReply struct {
+	wait    int64 // in microseconds; negated if refused
+	epoch   uint64
+	pins    int64        // the pins' flags (pinHeld, pinIgnored)
+	place   []constraint // of a wait that may move up
+	windows []windowReply
+}
+
+// windowReply is what a reserve script's reply says of a window the
+// reservation charged (see windowsSeen).
+type windowReply struct {
+	tokens float64 // after the reservation
+	life   int64   // the hash's life (i): the time it was made; 0: none
+}
+
+// reservation reads a reserve script's reply over dims dimension keys, of
+// which windows are windows (WithWindow) it charged: the wait in
+// microseconds, or the wait and the key's epoch, and then the pins' flags
+// (pinHeld, pinIgnored) if any; or, for a wait that may move up, the wait,
+// the epoch, the pins' flags, and the reservation's place. With windows,
+// always a table whose last 2*windows fields are each window's tokens in
+// millionths and its life.
+func reservation(v any, dims, windows int) (reserveReply, error) {
 	switch v := v.(type) {
 	case int64:
-		return v, 0, 0, nil, nil
+		if windows == 0 {
+			return reserveReply{wait: v}, nil
+		}
 	case []any:
-		if len(v) < 2 {
+		if len(v) < 2+min(windows, 1)+2*windows {
 			break // a reply the scripts never give: not indexed
 		}
+		ws, ok := windowsOf(v[len(v)-2*windows:])
+		v = v[:len(v)-2*windows]
 		w, ok1 := v[0].(int64)
 		e, ok2 := v[1].(int64)
 		pins, ok3 := pinsOf(v)
-		ok := ok1 && ok2 && ok3 && e >= 0
+		ok = ok && ok1 && ok2 && ok3 && e >= 0
+		rep := reserveReply{wait: w, epoch: uint64(e), pins: pins, windows: ws}
 		switch {
 		case !ok:
-		case len(v) == 2 || len(v) == 3 && pins != 0:
-			return w, uint64(e), pins, nil, nil
+		case len(v) == 2 && windows == 0 || len(v) == 3 && (pins != 0 || windows > 0):
+			return rep, nil
 		case len(v) == 3+placeFields*dims && w > 0:
-			if place, err = places(v[3:], time.Now()); err == nil {
-				return w, uint64(e), pins, place, nil
+			var err error
+			if rep.place, err = places(v[3:], time.Now()); err == nil {
+				return rep, nil
 			}
 		}
 	}
-	return 0, 0, 0, nil, fmt.Errorf("unexpected reply %v", v)
+	return reserveReply{}, fmt.Errorf("unexpected reply %v", v)
+}
+
+// windowsOf reads the windows' fields of a reserve script's reply: each
+// one's tokens in millionths and its life; and whether they are valid.
+func windowsOf(v []any) ([]windowReply, bool) {
+	if len(v) == 0 {
+		return nil, true
+	}
+	ws := make([]windowReply, len(v)/2)
+	for i := range ws {
+		tk, ok1 := v[2*i].(int64)
+		life, ok2 := v[2*i+1].(int64)
+		if !ok1 || !ok2 || life < 0 {
+			return nil, false
+		}
+		ws[i] = windowReply{tokens: float64(tk) / 1e6, life: life}
+	}
+	return ws, true
 }
 
 // pinsOf reads the pins' flags of a reserve script's reply v: 0 if it has

@@ -72,7 +72,7 @@ func (f *failover) shareFor() *share {
 			return t
 		}
 	}
-	sh := newShare(f.dims, n, f.clock, f.policy, start, f.pins.of, old)
+	sh := newShare(f.dims, n, f.clock, f.policy, start, f.pins.of, f.windows.tokens, old)
 	f.share.Store(sh)
 	f.failing.Store(true) // after the store: who sees it failing finds the new share
 	return sh
@@ -206,12 +206,14 @@ type share struct {
 // newShare returns the share of a bucket with dims for one of n members: a
 // Local bucket reading clk, adapting by policy, whose keys start empty, not
 // before start(key), and whose debits go up to the bucket's bursts (a
-// share's debt is the bucket's); owing what old did not settle, and
-// starting each key's windows where old left them. A share is
+// share's debt is the bucket's); owing what old did not settle. A share is
 // never smaller than a Limit can be: with more members than that allows,
 // each takes the least. A key the fleet held below this process's limits
-// (pinned(key), by dimension; nil if not) takes its part of those.
-func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func(string) time.Time, pinned func(string) []Limit, old *share) *share {
+// (pinned(key), by dimension; nil if not) takes its part of those. A key's
+// windows start at its part of what this process saw them hold on Redis
+// (seen(key, now), by window; false if it saw none), and no higher than old
+// left them: a flapping Redis must not hand the same window out twice.
+func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func(string) time.Time, pinned func(string) []Limit, seen func(string, time.Time) (Cost, bool), old *share) *share {
 	for _, d := range dims {
 		n = max(1, min(n, int64(d.limit.Rate/minRate), int64(d.limit.Burst/minBurst)))
 	}
@@ -234,9 +236,27 @@ func newShare(dims []dim, n int64, clk Clock, policy adaptive.Policy, start func
 		}
 		return own
 	}
+	s.local.windows = func(key string) (Cost, bool) {
+		c, ok := seen(key, clk.Now())
+		for name, v := range c {
+			c[name] = v / float64(n)
+		}
+		if old == nil {
+			return c, ok
+		}
+		left, had := old.local.windowTokens(key) // where the last share left them
+		if !ok {
+			return left, had
+		}
+		for name, v := range left {
+			if u, ok := c[name]; !ok || v < u {
+				c[name] = v
+			}
+		}
+		return c, true
+	}
 	if old != nil {
 		s.prev = old.local
-		s.local.windows = old.local.windowTokens // where the last share left them
 		old.mu.Lock()
 		maps.Copy(s.owed, old.owed)
 		old.mu.Unlock()

@@ -203,3 +203,56 @@ func TestWindowNotRefilledByAFlappingRedis(t *testing.T) {
 	}
 	assert.LessOrEqual(t, admitted, 51, "one day's share, and what it refilled")
 }
+
+// TestWindowOutlivesRedis: a fleet of 3 worker processes (2 goroutines
+// each, a call every 5 ms) spends a daily window, PerDay(90), beside
+// PerSecond(50); then Redis restarts empty, or freezes for 3 s (SIGSTOP:
+// the shares serve). Over the whole run the fleet is admitted at most
+// Burst + Rate*T plus one share burst (30): 120. Before, a restart handed
+// the fleet the day again (the first call back found no hash and read it
+// full: 180 admitted), and a freeze started each process's share with its
+// part of a full day (30 each: 180).
+func TestWindowOutlivesRedis(t *testing.T) {
+	const procs = 3
+	dayLimit := bucket.PerDay(90)
+	for _, c := range []struct {
+		name string
+		hit  func(t *testing.T, srv *redistest.Server)
+	}{
+		{"restarted empty", func(t *testing.T, srv *redistest.Server) {
+			srv.Stop()
+			require.NoError(t, srv.Restart())
+		}},
+		{"frozen", func(t *testing.T, srv *redistest.Server) {
+			require.NoError(t, srv.Pause())
+			time.Sleep(3 * time.Second)
+			require.NoError(t, srv.Resume())
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.Own(t)
+			spec := fleetSpec{
+				Addr: srv.Addr, Key: "day-" + c.name, Requests: bucket.PerSecond(50), Day: &dayLimit,
+				Goroutines: 2, Duration: 7 * time.Second, PaceFor: 7 * time.Second, PaceEvery: 5 * time.Millisecond,
+				Stamps: true, Timeout: 200 * time.Millisecond,
+			}
+			var hitAt time.Time
+			run := runFleetDuring(t, procs, spec, func(start time.Time) {
+				time.Sleep(time.Until(start.Add(2 * time.Second))) // the day is spent in about one
+				hitAt = time.Now()
+				c.hit(t, srv)
+			})
+			after := 0
+			for _, us := range run.stamps {
+				if time.UnixMicro(us).After(hitAt) {
+					after++
+				}
+			}
+			bound := dayLimit.Burst + dayLimit.Rate*run.span.Seconds() + dayLimit.Burst/procs
+			t.Logf("%d admitted in %v (%d after Redis was hit), against Burst + Rate*T + one share burst = %.1f",
+				run.admitted, run.span.Round(time.Millisecond), after, bound)
+			assert.GreaterOrEqual(t, run.admitted, 90, "the day, spent")
+			assert.LessOrEqual(t, float64(run.admitted), bound)
+		})
+	}
+}
