@@ -12,23 +12,6 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// TestShortArrayReplyIsAnError: a reserve reply that is an array of fewer
-// than two elements (a proxy's, a server's bug) is an error, not a panic:
-// reservation read v[0] and v[1] before it checked the length.
-func TestShortArrayReplyIsAnError(t *testing.T) {
-	for _, reply := range []string{"*0", "*1\r\n:5"} {
-		t.Run(reply[:2], func(t *testing.T) {
-			fake := startFakeRedis(t, ":0") // the first contact, then a reservation
-			b := bucket.NewRedis(fastClient(t, fake.addr), bucket.PerSecond(10), bucket.WithEvictionAllowed(), bucket.WithFailClosed())
-			_, err := b.Reserve(t.Context(), "k", bucket.N(1), time.Second)
-			require.NoError(t, err)
-			fake.reply.Store(&reply)
-			require.NotPanics(t, func() { _, err = b.Reserve(t.Context(), "k", bucket.N(1), time.Second) })
-			assert.ErrorContains(t, err, "unexpected reply")
-		})
-	}
-}
-
 // TestRecreatedHashGivesNoPhantomCredit: a dimension's hash that Redis
 // lost (a restart without persistence, a failover to a replica that had
 // not the write, a flush) comes back with no credit and the life it had
