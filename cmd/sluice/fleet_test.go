@@ -131,8 +131,8 @@ func (c *nodeCall) UnmarshalJSON(b []byte) error {
 // minute, and a test of a minute per run is too long), so the proxies
 // learn its limit from its 429s alone: two cuts of 0.7, 32 to 22.4 to
 // 15.7 a second, each after Policy.Threshold (3) refusals of its epoch, at
-// least a window apart, cost 14-15 429s in the first 2-3 seconds, however
-// long the run. 5% of 128 calls is 6.4, fewer than two cuts take: at 8
+// least a window apart, cost 8-16 429s in the first 3 seconds, none
+// after, however long the run. 5% of 128 calls is 6.4, fewer than two cuts take: at 8
 // calls a worker the case measured the learning (5.9-10.5% 429s), not
 // the fleet.
 func TestNodeFleet(t *testing.T) {
