@@ -26,8 +26,9 @@ type Stats struct {
 	// same, though no bucket holds it.
 	Charged bucket.Cost
 	// Refunded is what was given back: the charges of attempts that waited
-	// and were not sent, and what calls cost less than their charge once
-	// their usage was read (WithUsage).
+	// and were not sent, the charges but for the request of attempts
+	// refused for rate or load (see WithUsage), and what calls cost less
+	// than their charge once their usage was read (WithUsage).
 	Refunded bucket.Cost
 	// Debited is what calls cost beyond their charge, once their usage was
 	// read. Refunded and Debited are as asked of the bucket, which takes at

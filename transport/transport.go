@@ -35,6 +35,13 @@ import (
 // that time (at most Retry.MaxRetryAfter), even one whose slot was already
 // reserved.
 //
+// An attempt refused for rate or load that waiting cures (a 429 that is no
+// spent quota; a 503 or 529 that asks for a delay) keeps its charge of
+// requests and gives back the rest of its cost, its tokens, which the
+// provider did not count, but in a dimension whose remaining the refusal
+// reports: the bucket has just been brought to it. The law (Observe) has
+// slowed the fleet for the refusal already; a retry is charged anew.
+//
 // Transport is safe for concurrent use.
 type Transport struct {
 	base    http.RoundTripper
@@ -96,10 +103,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		cost = t.cfg.cost(req)
 	}
 	var (
-		tr        tries
-		waited    time.Duration  // by the attempts and between them
-		last      *http.Response // the discarded response, kept in memory
-		lastEpoch uint64         // its reservation's
+		tr      tries
+		waited  time.Duration  // by the attempts and between them
+		last    *http.Response // the discarded response, kept in memory
+		lastRep reply          // what it said
 	)
 	for n := 1; ; n++ {
 		resp, rep, sent, err := t.attempt(ctx, req, key, cost, n, &waited)
@@ -113,7 +120,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 					logReq(ctx, l, req, "sluice: retry not sent, returning the previous response",
 						slog.Int("attempt", n), slog.Int("status", last.StatusCode), errAttr(err))
 				}
-				return t.metered(ctx, key, cost, lastEpoch, last), nil
+				return t.metered(ctx, key, lastRep.charged, lastRep.epoch, last), nil
 			}
 			return nil, err
 		}
@@ -129,10 +136,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 					slog.Int("status", rep.status), slog.Duration("delay", delay))
 			}
 			t.ended(ctx, req, n, tr, waited)
-			return t.metered(ctx, key, cost, rep.epoch, resp), err
+			return t.metered(ctx, key, rep.charged, rep.epoch, resp), err
 		}
 		tr = tr.after(why, refused)
-		last, lastEpoch = drained(resp), rep.epoch
+		last, lastRep = drained(resp), rep
 		t.metrics.retry(ctx, rep.status)
 		if l := t.logger(ctx); l != nil {
 			logReq(ctx, l, req, "sluice: retrying", slog.Int("attempt", n), slog.Int("status", rep.status),
@@ -213,6 +220,7 @@ func (t *Transport) attempt(ctx context.Context, req *http.Request, key string, 
 	rep = read(resp, now)
 	rep.epoch = a.epoch
 	t.observe(ctx, key, a.epoch, rep, now)
+	rep.charged = t.kept(ctx, key, cost, rep)
 	if l := t.logger(ctx); l != nil {
 		logReq(ctx, l, req, "sluice: attempt", slog.Int("attempt", n),
 			slog.Duration("waited", a.waited), slog.Int("status", resp.StatusCode))
@@ -401,18 +409,53 @@ func waitOutcome(ctx context.Context, err error) outcome {
 	return outcomeBucketError
 }
 
-// refund gives back the cost of an attempt that waited but was not sent.
-func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) {
+// refund gives back cost, charged to key by an attempt whose slot came:
+// all of it for one that waited but was not sent, a part for a refusal
+// (kept). It reports whether the bucket took the refund.
+func (t *Transport) refund(ctx context.Context, key string, cost bucket.Cost) bool {
 	if t.cfg.bucket == nil {
-		return
+		return false
 	}
 	rctx, cancel := wait.Detached(ctx)
 	defer cancel()
 	if err := bucket.Settle(rctx, t.cfg.bucket, key, cost.Neg()); err != nil {
 		t.debugKey(ctx, "sluice: refund failed", errAttr(err))
-		return
+		return false
 	}
 	t.ledger.add(refunded, cost)
+	return true
+}
+
+// kept returns what an attempt that was charged cost and got rep keeps of
+// that charge, having given the rest back to key. A refusal that waiting
+// cures (reply.refusal: a 429 that is no spent quota, a 503 or 529 that
+// asks for a delay) keeps its request, which a provider may count (OpenAI
+// counts refused requests toward its limit), and gives back every other
+// dimension, its tokens: the provider served nothing, and counts none;
+// kept, they would be counted twice, once more by the retry. But a
+// dimension whose remaining the refusal reports stays charged: Observe has
+// just brought the bucket to what the provider says is left, which
+// already lacks this attempt. The refund comes after Observe, so that a
+// pause it set keeps the bucket empty at its end (a refund while paused
+// moves no slot into the pause). Every other response keeps its whole
+// charge, to be reconciled with its usage (WithUsage). A refund the bucket
+// fails to take leaves the charge as it was.
+func (t *Transport) kept(ctx context.Context, key string, cost bucket.Cost, rep reply) bucket.Cost {
+	if t.cfg.bucket == nil || !rep.refusal() {
+		return cost
+	}
+	keep, back := bucket.Cost{}, bucket.Cost{}
+	for dim, v := range cost {
+		if q, ok := rep.fb.Quotas[dim]; dim == bucket.Requests || ok && q.Remaining >= 0 || v <= 0 {
+			keep[dim] = v
+		} else {
+			back[dim] = v
+		}
+	}
+	if len(back) == 0 || !t.refund(ctx, key, back) {
+		return cost
+	}
+	return keep
 }
 
 // reply is what a response said, read once (read): everything the
@@ -439,6 +482,9 @@ type reply struct {
 	// epoch is that of the attempt's reservation, for what its body says
 	// later (see FeedbackMeter).
 	epoch uint64
+	// charged is what the attempt keeps of its charge (see kept), for its
+	// reconciliation with the usage its body reports (see WithUsage).
+	charged bucket.Cost
 }
 
 // refusal reports whether r is a refusal for rate or load that waiting

@@ -63,7 +63,8 @@ type StreamMeter interface {
 // or closes it, whichever comes first, each dimension the meter reports is
 // adjusted by actual − charged: a refund if the call cost less than it was
 // charged, a debit if it cost more. The charge is that of the attempt that
-// produced the response; a dimension it lacks counts as zero charged. The
+// produced the response, what it kept of it if it was a refusal (see
+// Transport); a dimension it lacks counts as zero charged. The
 // adjustment is made with bucket.Adjust under a context detached from the
 // request's, bounded to 2s, in the goroutine that reads or closes the body.
 //

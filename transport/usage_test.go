@@ -146,6 +146,54 @@ func TestUsageAfterRetryChargesTheLastAttempt(t *testing.T) {
 	assert.EqualValues(t, 1, counted.n.Load())
 }
 
+// TestRefusalKeepsOnlyItsRequestCharge: an attempt the provider refused
+// for rate or load, a refusal that waiting cures, keeps the request it was
+// charged and gives back the rest (its tokens), which the provider did not
+// count, whether it is retried or returned; but for a dimension whose
+// remaining the refusal reports, to which the bucket has already been
+// brought. A spent quota, or a 503 that asks for no delay, keeps its whole
+// charge. Before, every attempt kept its whole charge: the refused attempts'
+// tokens were counted twice, and 15 refusals in 143 calls (llmtest's
+// Anthropic, through sluice proxy) charged 1.12 times the tokens the
+// server counted.
+func TestRefusalKeepsOnlyItsRequestCharge(t *testing.T) {
+	const quota = `{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`
+	for _, tc := range []struct {
+		name   string
+		steps  []step
+		retry  transport.Retry
+		status int
+		want   bucket.Cost // left of 10 requests and 1000 tokens
+	}{
+		{"a 429 retried", []step{status(429, "Retry-After", "0"), {status: 200, body: "usage=10"}}, transport.Retry{}, 200,
+			bucket.Cost{bucket.Requests: 8, bucket.Tokens: 1000 - 10}},
+		{"a 529 that asks for a delay, retried", []step{status(529, "Retry-After", "0"), {status: 200, body: "usage=10"}}, transport.Retry{}, 200,
+			bucket.Cost{bucket.Requests: 8, bucket.Tokens: 1000 - 10}},
+		{"a 429 returned, retries off", []step{status(429, "Retry-After", "0")}, transport.Retry{MaxAttempts: 1}, 429,
+			bucket.Cost{bucket.Requests: 9, bucket.Tokens: 1000}},
+		{"a 429 that reports the tokens remaining", []step{status(429, "Retry-After", "0", "x-ratelimit-limit-tokens", "1000",
+			"x-ratelimit-remaining-tokens", "950", "x-ratelimit-reset-tokens", "3s"), {status: 200, body: "usage=10"}}, transport.Retry{}, 200,
+			bucket.Cost{bucket.Requests: 8, bucket.Tokens: 1000 - 100 - 10}},
+		{"a spent quota", []step{{status: 429, body: quota}}, transport.Retry{}, 429,
+			bucket.Cost{bucket.Requests: 9, bucket.Tokens: 1000 - 100}},
+		{"a 503 that asks for no delay, retried", []step{status(503), {status: 200, body: "usage=10"}}, transport.Retry{}, 200,
+			bucket.Cost{bucket.Requests: 8, bucket.Tokens: 1000 - 100 - 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newScript(tc.steps...)
+			defer s.Close()
+			tr, b, _ := newMetered(t, transport.WithRetry(tc.retry))
+			resp, err := get(t, tr, context.Background(), s.URL)
+			require.NoError(t, err)
+			assert.Equal(t, tc.status, resp.StatusCode)
+			_, err = io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			require.NoError(t, resp.Body.Close())
+			assert.Equal(t, tc.want, b.Tokens("k"))
+		})
+	}
+}
+
 func TestUsageOfThePreviousResponse(t *testing.T) {
 	// The retry of the 503 cannot be sent (its wait passes the max wait),
 	// so the 503 is returned, and metered.
@@ -372,7 +420,8 @@ func TestStats(t *testing.T) {
 
 // TestStatsCountsWhatItSays: Sent is the attempts the server saw, a 429
 // and its retry both; Debited and Refunded count only the dimensions the
-// call's cost charged. Before, an Anthropic usage's total tokens, which its
+// call's cost charged; Refunded counts the tokens the 429 gave back
+// (TestRefusalKeepsOnlyItsRequestCharge). Before, an Anthropic usage's total tokens, which its
 // cost does not charge and its bucket does not limit, showed in Debited as
 // if taken (the 16 tokens of a call charged input and output apiece), and
 // nothing said how many attempts were sent.
@@ -403,6 +452,7 @@ func TestStatsCountsWhatItSays(t *testing.T) {
 	assert.Equal(t, seen.Load(), st.Sent, "the attempts the server saw")
 	assert.EqualValues(t, 2, st.Sent)
 	assert.Equal(t, bucket.Cost{bucket.Requests: 2, bucket.InputTokens: 16, bucket.OutputTokens: 40}, st.Charged)
-	assert.Equal(t, bucket.Cost{bucket.InputTokens: 2, bucket.OutputTokens: 10}, st.Refunded)
+	assert.Equal(t, bucket.Cost{bucket.InputTokens: 8 + 2, bucket.OutputTokens: 20 + 10}, st.Refunded,
+		"the 429's tokens, and what the 200 did not use")
 	assert.Empty(t, st.Debited, "the usage's total tokens were never charged")
 }

@@ -19,24 +19,31 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicehq/sluice/internal/fleettest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/llmclient/llmtest"
 )
 
 // The Node fleet: nodeProcs processes of nodeConcurrency workers, each
-// making nodeCalls calls, half of the workers to OpenAI's API and half to
-// Anthropic's, through two proxies that share one redis-server. Each API
-// is an llmtest server whose hidden limit is nodeRate requests a second,
-// burst nodeRate: the fleet's calls to it take at least nodeIdeal.
+// making a number of calls, half of the workers to OpenAI's API and half
+// to Anthropic's, through two proxies that share one redis-server. Each
+// API is an llmtest server whose hidden limit is nodeRate requests a
+// second, burst nodeRate: the fleet's calls to it take at least
+// nodeIdeal.
 const (
 	nodeProcs       = 4
 	nodeConcurrency = 8
-	nodeCalls       = 8
 	nodeRate        = 16
-	perAPI          = nodeProcs * nodeConcurrency * nodeCalls / 2
 )
 
-var nodeIdeal = time.Duration(float64(perAPI-nodeRate) / nodeRate * float64(time.Second))
+// perAPI is the calls each API gets when each worker makes calls.
+func perAPI(calls int) int { return nodeProcs * nodeConcurrency * calls / 2 }
+
+// nodeIdeal is the least time the hidden limit allows an API's calls when
+// each worker makes calls: its burst at once, then nodeRate a second.
+func nodeIdeal(calls int) time.Duration {
+	return time.Duration(float64(perAPI(calls)-nodeRate) / nodeRate * float64(time.Second))
+}
 
 // nodeDir holds the pinned SDKs (package-lock.json; .ci/run runs npm ci).
 const nodeDir = "testdata/node"
@@ -91,6 +98,7 @@ type nodeResult struct {
 	Calls                         []nodeCall
 	OpenaiTokens, AnthropicTokens int64
 	Start, End                    int64 // Unix milliseconds
+	Stall, Stalled                int64 // the longest its event loop was held up, and all of it, in milliseconds
 }
 
 // nodeCall is one call that succeeded: its API, whether it streamed, its
@@ -109,37 +117,39 @@ func (c *nodeCall) UnmarshalJSON(b []byte) error {
 // TestNodeFleet (acceptance 1): the official OpenAI and Anthropic Node
 // SDKs, unmodified but for their base URL and retries, 4 processes of 8
 // concurrent calls, streaming and not, through 2 proxies sharing one
-// redis-server, against llmtest's hidden limits. No call fails. Limits
-// configured right: at most 1% of the upstream's answers are 429s, each
-// API's admissions at the upstream span at most 1.10 times the ideal (the
-// clients' makespan gets clientSlack more), and the tokens the proxies
-// charged are within 2% of what the servers counted. Configured 2 times
-// too high: for OpenAI, whose fake sends its x-ratelimit-* headers, at
-// most 5% 429s and 1.20 times the ideal. Anthropic's fake sends no quota
-// headers (anthropic-ratelimit-* speak per minute, and a test of a minute
-// per run is too long for CI), so the proxies learn only from its 429s:
-// there the acceptance's 5% does not hold (6-10% seen, see docs/proxy.md)
-// and the test holds it to 15%, and its span to 1.30 (1.06-1.36 seen).
-// The 2x case runs with SLUICE_PROXY_LONG=1: the learning its span depends
-// on varies with the machine's load (1.00-1.34x for OpenAI at a load of
-// 15-30 on 2 cores), too much for CI; the case of limits right runs in CI. Beyond 2%, the
-// tokens charged exceed those counted by no more than the refused
-// attempts' charges: a refused attempt keeps its charge (the library errs
-// toward the limit), the server counts nothing for it.
+// redis-server, against llmtest's hidden limits. For both APIs, no call
+// fails, and the tokens the proxies charged are within 2% of what the
+// servers counted. Limits configured right: at most 1% of the upstream's
+// answers are 429s, and each API's admissions at the upstream span at
+// most 1.10 times the ideal (the clients' makespan gets clientSlack more).
+// Configured 2 times too high: at most 5% 429s and 1.20 times the ideal.
+//
+// The 2x case makes 40 calls a worker (640 an API, ideal 39 s), as
+// transport's ceiling fleets make 600, and runs with SLUICE_PROXY_LONG=1;
+// the case of limits right makes 8 (128 an API, ideal 7 s) and runs in CI.
+// Anthropic's fake sends no quota headers (anthropic-ratelimit-* speak per
+// minute, and a test of a minute per run is too long), so the proxies
+// learn its limit from its 429s alone: two cuts of 0.7, 32 to 22.4 to
+// 15.7 a second, each after Policy.Threshold (3) refusals of its epoch, at
+// least a window apart, cost 8-16 429s in the first 3 seconds, none
+// after, however long the run. 5% of 128 calls is 6.4, fewer than two cuts take: at 8
+// calls a worker the case measured the learning (5.9-10.5% 429s), not
+// the fleet.
 func TestNodeFleet(t *testing.T) {
 	node := needNode(t)
 	type bound struct{ max429, maxStretch float64 }
 	for _, tc := range []struct {
 		name              string
 		factor            float64
+		calls             int // per worker
 		openai, anthropic bound
 	}{
-		{"limits right", 1, bound{0.01, 1.10}, bound{0.01, 1.10}},
-		{"limits 2x too high", 2, bound{0.05, 1.20}, bound{0.15, 1.30}},
+		{"limits right", 1, 8, bound{0.01, 1.10}, bound{0.01, 1.10}},
+		{"limits 2x too high", 2, 40, bound{0.05, 1.20}, bound{0.05, 1.20}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.factor != 1 && os.Getenv("SLUICE_PROXY_LONG") != "1" {
-				t.Skip("set SLUICE_PROXY_LONG=1: on a loaded machine the span varies from 1.00 to 1.34x the ideal (docs/proxy.md)")
+				t.Skip("set SLUICE_PROXY_LONG=1: 640 calls an API, about 45 s")
 			}
 			rs := redistest.Own(t)
 			hidden := func(h llmtest.Headers) llmtest.Config {
@@ -153,10 +163,16 @@ func TestNodeFleet(t *testing.T) {
 			config := fleetConfig(rs.Addr, oai.URL, ant.AnthropicURL, tc.factor)
 			proxies := []*proxyProc{startProxy(t, config), startProxy(t, config)}
 
-			results, start := runNodeFleet(t, node, proxies)
+			stalls := fleettest.WatchStalls() // of the upstreams, in this process
+			results, start := runNodeFleet(t, node, proxies, tc.calls)
+			t.Logf("the test's timers came %v late at most", stalls().Round(time.Millisecond))
+			ideal := nodeIdeal(tc.calls)
 			var ok, failed int
 			ends := map[string]time.Time{}
 			for i, r := range results {
+				t.Logf("process %d: began %v after the start, ended %v after it; its event loop held up %d ms at most, %d ms in all", i,
+					time.UnixMilli(r.Start).Sub(start).Round(time.Millisecond), time.UnixMilli(r.End).Sub(start).Round(time.Millisecond),
+					r.Stall, r.Stalled)
 				ok += r.OK
 				failed += r.Failed
 				assert.Empty(t, r.Errors, "process %d", i)
@@ -167,7 +183,7 @@ func TestNodeFleet(t *testing.T) {
 					}
 				}
 			}
-			assert.Equal(t, 2*perAPI, ok, "calls that succeeded")
+			assert.Equal(t, 2*perAPI(tc.calls), ok, "calls that succeeded")
 			assert.Zero(t, failed, "calls that failed")
 
 			for _, api := range []struct {
@@ -190,18 +206,17 @@ func TestNodeFleet(t *testing.T) {
 				}
 				counted := float64(st.TotalTokens)
 				span := admissionSpan(api.srv)
-				stretch := span.Seconds() / nodeIdeal.Seconds()
+				stretch := span.Seconds() / ideal.Seconds()
 				clientSpan := ends[api.name].Sub(start)
 				t.Logf("%s: %d accepted, %d 429s (%.2f%%), tokens charged %.0f, counted %.0f; upstream's admissions over %v, "+
 					"clients' makespan %v, ideal %v: %.3fx, %.3fx", api.name, st.Accepted, st.Rejected, 100*share, charged, counted,
-					span.Round(time.Millisecond), clientSpan.Round(time.Millisecond), nodeIdeal, stretch, clientSpan.Seconds()/nodeIdeal.Seconds())
+					span.Round(time.Millisecond), clientSpan.Round(time.Millisecond), ideal, stretch, clientSpan.Seconds()/ideal.Seconds())
+				t.Logf("%s: admitted/429s by second: %s", api.name, bySecond(api.srv))
 				assert.LessOrEqual(t, share, api.bound.max429, "%s: share of 429s at the upstream", api.name)
 				assert.LessOrEqual(t, stretch, api.bound.maxStretch, "%s: the upstream's admissions' span over the ideal", api.name)
-				assert.LessOrEqual(t, clientSpan.Seconds()/nodeIdeal.Seconds(), api.bound.maxStretch+clientSlack,
-					"%s: the clients' makespan over the ideal", api.name)
-				assert.GreaterOrEqual(t, charged, 0.98*counted, "%s: tokens charged vs counted", api.name)
-				refused := float64(st.Rejected) * counted / float64(st.Accepted)
-				assert.LessOrEqual(t, charged, 1.02*counted+refused, "%s: tokens charged vs counted, and the refused attempts' charges", api.name)
+				assert.LessOrEqual(t, clientSpan.Seconds(), api.bound.maxStretch*ideal.Seconds()+clientSlack.Seconds(),
+					"%s: the clients' makespan, against the bound times the ideal and clientSlack", api.name)
+				assert.InEpsilon(t, counted, charged, 0.02, "%s: tokens charged vs counted", api.name)
 			}
 		})
 	}
@@ -209,8 +224,10 @@ func TestNodeFleet(t *testing.T) {
 
 // clientSlack is what the clients' makespan may take beyond the bound on
 // the upstream's span: Node processes starved of CPU on a loaded machine
-// (a load of 13 on 2 cores here) finish their last calls late.
-const clientSlack = 0.4
+// start their first calls late and finish their last late (the span of
+// limits right at 1.01 times the ideal of 7 s, the clients' at 1.32, at a
+// load of 20 on 2 cores), a time the length of the run does not scale.
+const clientSlack = 2800 * time.Millisecond
 
 // admissionSpan is the time from the first admission of srv's limits to the
 // end of the last, to 10 ms.
@@ -229,10 +246,23 @@ func admissionSpan(srv *llmtest.Server) time.Duration {
 	return last.Sub(first)
 }
 
+// bySecond is what srv decided by second from its first decision:
+// "admitted/429s ...".
+func bySecond(srv *llmtest.Server) string {
+	var b strings.Builder
+	for _, p := range srv.Series(time.Second) {
+		if b.Len() == 0 && p.Requests+p.Rejected == 0 {
+			continue // before the start
+		}
+		fmt.Fprintf(&b, " %d/%d", p.Requests, p.Rejected)
+	}
+	return strings.TrimSpace(b.String())
+}
+
 // runNodeFleet runs nodeProcs processes of fleet.mjs, alternately through
 // each proxy, starts their calls together once all have loaded the SDKs,
 // and returns what each printed and the time of the start.
-func runNodeFleet(t *testing.T, node string, proxies []*proxyProc) ([]nodeResult, time.Time) {
+func runNodeFleet(t *testing.T, node string, proxies []*proxyProc, calls int) ([]nodeResult, time.Time) {
 	t.Helper()
 	results := make([]nodeResult, nodeProcs)
 	var wg sync.WaitGroup
@@ -242,7 +272,7 @@ func runNodeFleet(t *testing.T, node string, proxies []*proxyProc) ([]nodeResult
 		cmd := exec.Command(node, "fleet.mjs")
 		cmd.Dir = nodeDir
 		cmd.Env = append(os.Environ(), "SLUICE_PROXY="+proxies[i%len(proxies)].URL,
-			"CALLS="+strconv.Itoa(nodeCalls), "CONCURRENCY="+strconv.Itoa(nodeConcurrency))
+			"CALLS="+strconv.Itoa(calls), "CONCURRENCY="+strconv.Itoa(nodeConcurrency))
 		var out bytes.Buffer
 		errOut := &syncBuffer{}
 		cmd.Stdout, cmd.Stderr = &out, errOut

@@ -5,7 +5,10 @@
 // completions, odd ones Anthropic's messages; every other call streams.
 // It prints "ready" on stderr once loaded and starts at a line on stdin.
 // It prints one JSON line: the calls that succeeded, those that failed and
-// why, the tokens the responses reported, and its first start and last end.
+// why, the tokens the responses reported, its first start and last end,
+// and how long its event loop was held up (how late a 10 ms timer fired,
+// in ms: the longest, and the sum of the times it came a period or more
+// late): a machine too busy to run the process makes them long.
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 
@@ -50,7 +53,15 @@ async function anthropicCall(stream) {
 // in every process of the fleet.
 console.error('ready');
 await new Promise((resolve) => process.stdin.once('data', resolve));
-const result = { ok: 0, failed: 0, errors: [], calls: [], openaiTokens: 0, anthropicTokens: 0, start: Date.now(), end: 0 };
+const result = { ok: 0, failed: 0, errors: [], calls: [], openaiTokens: 0, anthropicTokens: 0, start: Date.now(), end: 0, stall: 0, stalled: 0 };
+let tick = performance.now();
+const watch = setInterval(() => {
+  const now = performance.now();
+  const late = Math.max(now - tick - 10, 0);
+  result.stall = Math.max(result.stall, Math.round(late));
+  if (late >= 10) result.stalled += late;
+  tick = now;
+}, 10);
 async function worker(w) {
   for (let k = 0; k < calls; k++) {
     const stream = k % 2 === 1;
@@ -68,4 +79,6 @@ async function worker(w) {
 }
 await Promise.all(Array.from({ length: concurrency }, (_, w) => worker(w)));
 result.end = Date.now();
+clearInterval(watch);
+result.stalled = Math.round(result.stalled);
 console.log(JSON.stringify(result));
