@@ -94,7 +94,9 @@ func WithLimit(dim string, l Limit) Option {
 // refills last. A window is exact: the adaptive law neither cuts nor
 // pauses it, and the provider's reports (which speak of the dimension's
 // own limit) leave it alone; so a per-minute refusal costs the day nothing.
-// Its state lasts as long as it takes to refill, a day for a daily window.
+// Its state lasts two of its lengths after its last write, two days for a
+// daily window (longer than it takes to refill, so that a window that
+// expired was full and every process's record of it has refilled).
 // Each process remembers what Redis last said a key's window held, refilled
 // since: a window that Redis lost (a restart, a flush) and made anew full is
 // lowered back to that by the first call that finds it new, and an outage's

@@ -45,7 +45,8 @@ package bucket
 // adaptive state its recovery. The expiry is pushed out only when that need
 // passes x, and then past it by one more refill time (1 to 60 s), so a hot
 // key does not pay a PEXPIREAT per call, and an idle key disappears soon
-// after it is full again.
+// after it is full again; a window (WithWindow), two of its lengths after
+// its last write (see store).
 //
 // A dimension's ts lies in the future only while a pause holds the key, and
 // never later than p. A ts later than that, or a p later than a pause can
@@ -76,6 +77,7 @@ local pinLive = false -- a dimension read has a pin that holds (see pinned)
 local pinIgnored = false -- a dimension read has a pin too far from this process's limit to count (see pinOne)
 local pinEnds = {} -- by dimension key, when the pin that holds it lapses, if one does (see place)
 local folds = {} -- by dimension key, a report's end refill folded and store is to write (see fold)
+local exacts = {} -- by dimension key, true for a window (WithWindow), as refill read it
 
 -- In a batch (see reserveScript), a dimension's fields, as refill reads
 -- them (HMGET), are kept for the rest of the script, by dimension key, and
@@ -177,6 +179,7 @@ local function refill(key, rate, burst, f, first)
   local exact = rate < 0 -- a window (WithWindow): not scaled, never cold
   if exact then
     rate, f = -rate, 1
+    exacts[key] = true
   end
   local s = read and read[key]
   if not s then
@@ -271,6 +274,13 @@ end
 local function store(key, tk, at, x, rate, burst, pt, pr, pb, rx, pin, arate, aburst)
   fold(key)
   local full = at + math.ceil((burst - tk) * 1e6 / rate) + 1e6
+  if exacts[key] then
+    -- A window outlives its last write by two of its lengths: a hash that
+    -- expired then was full, and every process's record of it (see
+    -- windowsSeen in Go), held to a burst's debt, has refilled to its burst;
+    -- a hash made anew sooner was lost (a restart, a flush).
+    full = math.max(full, at + math.ceil(2 * burst * 1e6 / rate))
+  end
   local pinx = 0
   local s = read and read[key] -- in a batch: kept, and written at its end (see read)
   if pin then
@@ -552,10 +562,14 @@ return out
 // negative amount refunds at most a burst, and never fills the key above
 // it: Local.adjust). ARGV[1] is 1 if the delta
 // is a served call's (Settle): a refund is then credited (see place in
-// bucket.go); a debit always is, negative.
+// bucket.go); a debit always is, negative. A window's hash is kept when
+// full (see store). It replies 1, or, if it adjusted a window (WithWindow),
+// {1, then for each window in order its tokens after it in millionths and
+// its hash's life (i; 0: no hash)}, as reserveScript does.
 var adjustScript = newScript(luaCommon + luaCredit + `
 local f = fraction(span, law)
 local served = ARGV[1] == '1'
+local out
 for i = 1, #KEYS - 1 do
   local key, amount = KEYS[i+1], math.max(tonumber(ARGV[3*i+3]), -tonumber(ARGV[3*i+2]))
   local rate, burst, tk, at, x, learnt, pr, pb, pt, rx, pin, _, _, arate, aburst = refill(key, tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
@@ -567,7 +581,7 @@ for i = 1, #KEYS - 1 do
   if at > now then
     tk = math.min(tk, 0) -- paused: empty at its end, or refunds would go out at once
   end
-  if tk < burst or at > now or learnt or held or pinLive then
+  if tk < burst or at > now or learnt or held or pinLive or exacts[key] and x > 0 then
     if served or tk < tk0 then
       credit(key, 'f', tk - tk0)
     end
@@ -578,8 +592,13 @@ for i = 1, #KEYS - 1 do
   else
     redis.call('DEL', key) -- kept while pinned: it would lose the pin
   end
+  if exacts[key] then
+    out = out or {1}
+    out[#out+1] = math.floor(tk * 1e6 + 0.5)
+    out[#out+1] = tonumber(redis.call('HGET', key, 'i')) or 0
+  end
 end
-return 1
+return out or 1
 `)
 
 // lowerScript lowers each dimension key to its amount where it holds more,

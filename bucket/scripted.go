@@ -205,7 +205,7 @@ func (s *scripted) reserveBy(ctx context.Context, script *script, key string, co
 func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait time.Duration, v any, err error, dims int) (Reservation, []constraint, server, error) {
 	var rep reserveReply
 	if err == nil {
-		rep, err = reservation(v, dims, s.windowsCharged(cost))
+		rep, err = reservation(v, dims, len(s.windowsCharged(cost, true)))
 	}
 	if err != nil {
 		if sh := s.fo.fallback(err); sh != nil {
@@ -225,7 +225,7 @@ func (s *scripted) decided(ctx context.Context, key string, cost Cost, maxWait t
 		s.pinLog.ignored(s.fo.logger(), s.prefix)
 	}
 	if len(rep.windows) > 0 {
-		s.keepWindows(ctx, key, cost, rep.windows, w >= 0)
+		s.keepWindows(ctx, key, s.windowsCharged(cost, w >= 0), rep.windows)
 	}
 	if w > 0 {
 		s.fo.slot(key, s.fo.clock.Now().Add(micros(w)))
@@ -452,7 +452,8 @@ func (s *scripted) adjustWith(ctx context.Context, script *script, key string, d
 	if err != nil || argv == nil {
 		return err
 	}
-	if err := s.runArgv(ctx, script, argv).Err(); err != nil {
+	v, err := s.runArgv(ctx, script, argv).Result()
+	if err != nil {
 		sh := s.fo.fallback(err)
 		switch {
 		case sh == nil:
@@ -464,6 +465,17 @@ func (s *scripted) adjustWith(ctx context.Context, script *script, key string, d
 			return nil
 		}
 		return sh.adjust(ctx, key, delta, !sent(err))
+	}
+	if s.fo.windows != nil {
+		// The token bucket's adjust script says what it left of the
+		// windows (see adjustScript); a reply it never gives is ignored:
+		// the adjustment was made.
+		in := s.fo.windows.adjusted(delta, debt)
+		if v, ok := v.([]any); ok && len(in) > 0 && len(v) == 1+2*len(in) {
+			if ws, ok := windowsOf(v[1:]); ok {
+				s.keepWindows(ctx, key, in, ws)
+			}
+		}
 	}
 	return nil
 }

@@ -55,16 +55,50 @@ func newWindowsSeen(dims []dim) *windowsSeen {
 	return &windowsSeen{dims: dims, seen: map[string][]windowSaw{}, sweep: minWindowSweep}
 }
 
-// charged returns how many windows cost charges: those a reserve script
-// replies about, in order.
-func (w *windowsSeen) charged(cost Cost) int {
-	n := 0
-	for _, d := range w.dims {
-		if d.window() && cost[d.of] != 0 {
-			n++
+// windowAmount is what an operation took from a window, the dimension at
+// index dim (a refund is negative): what a reply to it tells of.
+type windowAmount struct {
+	dim    int
+	amount float64
+}
+
+// charged returns the windows a reservation of cost charges, in order
+// (those a reserve script replies about), each with what it took if
+// taken, else 0.
+func (w *windowsSeen) charged(cost Cost, taken bool) []windowAmount {
+	var ws []windowAmount
+	for i, d := range w.dims {
+		if v := cost[d.of]; d.window() && v != 0 {
+			if !taken {
+				v = 0
+			}
+			ws = append(ws, windowAmount{i, v})
 		}
 	}
-	return n
+	return ws
+}
+
+// adjusted returns the windows an adjustment by delta takes from, in order
+// (those an adjust script replies about), each with its amount, as
+// scripted.prepare reads them: a window's dimension's, cut to a burst,
+// unless whole, which names each window's own (a share's debt).
+func (w *windowsSeen) adjusted(delta Cost, whole bool) []windowAmount {
+	var ws []windowAmount
+	for i, d := range w.dims {
+		if !d.window() {
+			continue
+		}
+		v, ok := delta[d.of]
+		if whole {
+			v, ok = delta[d.name]
+		} else {
+			v = max(min(v, d.limit.Burst), -d.limit.Burst)
+		}
+		if ok && v != 0 {
+			ws = append(ws, windowAmount{i, v})
+		}
+	}
+	return ws
 }
 
 // refilled is what saw holds at now: its tokens refilled at d's rate up to
@@ -73,11 +107,12 @@ func (d dim) refilled(saw windowSaw, now time.Time) float64 {
 	return min(d.limit.Burst, saw.tokens+max(now.Sub(saw.at).Seconds(), 0)*d.limit.Rate)
 }
 
-// keep records what the reply to a reservation of cost from key said of
-// its windows, ws, as of now, and returns the windows to lower: those
-// whose hash is newer than the one seen, to what was seen of them
-// refilled since, less what the reservation took (taken).
-func (w *windowsSeen) keep(key string, cost Cost, ws []windowReply, taken bool, now time.Time) Cost {
+// keep records what the reply to an operation on key said of its windows,
+// ws, each after the amount the operation took of it (in), as of now, and
+// returns the windows to lower: those whose hash is not the one seen (a
+// life of its own: Redis made it anew), to what was seen of them refilled
+// since, less what the operation took.
+func (w *windowsSeen) keep(key string, in []windowAmount, ws []windowReply, now time.Time) Cost {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	seen, ok := w.seen[key]
@@ -85,26 +120,17 @@ func (w *windowsSeen) keep(key string, cost Cost, ws []windowReply, taken bool, 
 		seen = make([]windowSaw, len(w.dims))
 	}
 	var lower Cost
-	j := 0
-	for i, d := range w.dims {
-		if !d.window() || cost[d.of] == 0 {
-			continue
-		}
-		r, saw := ws[j], seen[i]
-		j++
+	for j, a := range in {
+		d, r, saw := w.dims[a.dim], ws[j], seen[a.dim]
 		// As a window can hold: a reply that says more (a proxy's, a
 		// server's bug) must not outlast Redis in this process.
 		r.tokens = min(max(r.tokens, -d.limit.Burst), d.limit.Burst)
-		switch {
-		case saw.at.IsZero():
-		case r.life < saw.life:
-			continue // a reply older than the one seen
-		case r.life > saw.life:
-			to := d.refilled(saw, now)
-			if taken {
-				to -= cost[d.of]
-			}
-			if r.tokens > to {
+		if !saw.at.IsZero() && r.life != saw.life {
+			// Any other life, not only a later one: a Redis that came
+			// back with its clock behind makes its hashes with earlier
+			// lives. A reply of the old hash that comes after one of the
+			// new lowers at most what it took, once more.
+			if to := d.refilled(saw, now) - a.amount; r.tokens > to {
 				if lower == nil {
 					lower = Cost{}
 				}
@@ -112,11 +138,11 @@ func (w *windowsSeen) keep(key string, cost Cost, ws []windowReply, taken bool, 
 				// Seen of the old life still: the next reply, which finds
 				// the window lowered, records the new one; or lowers it
 				// again if this lowering failed.
-				seen[i].tokens, seen[i].at = to, now
+				seen[a.dim].tokens, seen[a.dim].at = to, now
 				continue
 			}
 		}
-		seen[i] = windowSaw{tokens: r.tokens, life: r.life, at: now}
+		seen[a.dim] = windowSaw{tokens: r.tokens, life: r.life, at: now}
 	}
 	if !ok {
 		w.seen[key] = seen
@@ -168,22 +194,23 @@ func (w *windowsSeen) tokens(key string, now time.Time) (Cost, bool) {
 	return c, len(c) > 0
 }
 
-// keepWindows is windowsSeen.keep for a reply to a reservation of cost
-// from key, lowering the windows Redis made anew. A lowering that failed
-// is made again by the next reply, which finds the window new still.
-func (s *scripted) keepWindows(ctx context.Context, key string, cost Cost, ws []windowReply, taken bool) {
+// keepWindows is windowsSeen.keep for a reply about the windows in, ws,
+// to an operation on key, lowering the windows Redis made anew. A lowering
+// that failed is made again by the next reply, which finds the window new
+// still.
+func (s *scripted) keepWindows(ctx context.Context, key string, in []windowAmount, ws []windowReply) {
 	w := s.fo.windows
-	if lower := w.keep(key, cost, ws, taken, s.fo.clock.Now()); lower != nil {
+	if lower := w.keep(key, in, ws, s.fo.clock.Now()); lower != nil {
 		_ = w.lower(ctx, key, lower)
 	}
 }
 
-// windowsCharged is how many windows a reserve script's reply about a
-// reservation of cost gives (see reserveScript): none but the token
-// bucket's.
-func (s *scripted) windowsCharged(cost Cost) int {
+// windowsCharged is the windows a reserve script's reply about a
+// reservation of cost gives (see reserveScript), each with what it took
+// if taken: none but the token bucket's.
+func (s *scripted) windowsCharged(cost Cost, taken bool) []windowAmount {
 	if s.fo.windows == nil {
-		return 0
+		return nil
 	}
-	return s.fo.windows.charged(cost)
+	return s.fo.windows.charged(cost, taken)
 }
