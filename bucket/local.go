@@ -23,7 +23,7 @@ type Local struct {
 	clock    Clock
 	adapt    adaptation
 	start    func(key string) time.Time    // nil: keys start full; else empty, not before start(key) (a share)
-	windows  func(key string) (Cost, bool) // nil: windows start full; else as it says, if it knows key (a share: the last share's)
+	windows  func(key string) (Cost, bool) // nil: windows start full; else as it says, if it knows key (a share: its part of what the process saw, no more than the last share left)
 	limits   func(key string) []Limit      // nil: every key has dims' limits; else, if not nil for key, lower ones by dimension (a share: the fleet's pins)
 	maxDelta []float64                     // the most one Adjust debits or refunds, by dimension
 	m        *meters                       // nil: no metrics

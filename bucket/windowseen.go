@@ -8,27 +8,30 @@ import (
 )
 
 // windowsSeen is what a process has seen of its keys' windows (WithWindow)
-// on Redis: by key, each window's tokens as the last reserve script's reply
-// left them, and the life of the hash they were read from. It is how a
-// window outlives the Redis that holds it:
+// on Redis: by key, each window's tokens as the last reply of a reserve or
+// adjust script left them, and the life (i) of the hash they were read
+// from. It is how a window outlives the Redis that holds it:
 //
 //   - A window whose hash Redis made anew (a restart, a flush, a failover
 //     that lost it) reads full, and would hand the fleet its whole burst
-//     again, a day's for a daily window. A reply whose life is newer than
-//     the one seen says so: the process lowers the window to what it saw
-//     it hold, refilled since, less what the reply took (keepWindows). Each
-//     process that sees the new life lowers it so: the window keeps the
-//     least of them, and what the fleet took from it in between, at most
-//     a round trip's calls.
+//     again, a day's for a daily window. A reply of a hash of another life
+//     than the one seen says so: the process lowers the window to what it
+//     saw it hold, refilled since, less what the operation took
+//     (keepWindows). Each process that sees the new life lowers it so: the
+//     window keeps the least of them, and what the fleet took from it in
+//     between, at most a round trip's calls. A window's hash that expired
+//     is no such case: it lives two of its lengths after its last write
+//     (store, in redis_lua.go), so it was full, and every record of it,
+//     held to a burst's debt, has refilled to its burst since.
 //   - A fail-open share starts each window at its part of what this
 //     process saw it hold, refilled since (tokens), not at its part of a
 //     full window.
 //
-// What a process saw is at least what the window holds: the others only
-// took from it since, or refunded (which a lowering forgets, erring toward
-// the limit). A window that has refilled to its burst says nothing a full
-// one would not: its entry goes once the record has doubled since the last
-// sweep. Safe for concurrent use.
+// What a process saw is at least what the window holds, but for the
+// refunds of other processes since, which a lowering forgets (erring
+// toward the limit). A window that has refilled to its burst says nothing
+// a full one would not: its entry goes once the record has doubled since
+// the last sweep. Safe for concurrent use.
 type windowsSeen struct {
 	dims  []dim
 	n     atomic.Int64 // len(seen): a bucket with no window pays no lock
