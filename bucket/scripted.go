@@ -269,10 +269,10 @@ type reserveReply struct {
 	windows []windowReply
 }
 
-// windowReply is what a reserve script's reply says of a window the
-// reservation charged (see windowsSeen).
+// windowReply is what a reserve or adjust script's reply says of a window
+// the operation took from (see windowsSeen).
 type windowReply struct {
-	tokens float64 // after the reservation
+	tokens float64 // after the operation
 	life   int64   // the hash's life (i): the time it was made; 0: none
 }
 
@@ -314,8 +314,9 @@ func reservation(v any, dims, windows int) (reserveReply, error) {
 	return reserveReply{}, fmt.Errorf("unexpected reply %v", v)
 }
 
-// windowsOf reads the windows' fields of a reserve script's reply: each
-// one's tokens in millionths and its life; and whether they are valid.
+// windowsOf reads the windows' fields of a reserve or adjust script's
+// reply: each one's tokens in millionths and its life; and whether they
+// are valid.
 func windowsOf(v []any) ([]windowReply, bool) {
 	if len(v) == 0 {
 		return nil, true
