@@ -290,28 +290,37 @@ func reservation(v any, dims, windows int) (reserveReply, error) {
 			return reserveReply{wait: v}, nil
 		}
 	case []any:
-		if len(v) < 2+min(windows, 1)+2*windows {
-			break // a reply the scripts never give: not indexed
-		}
-		ws, ok := windowsOf(v[len(v)-2*windows:])
-		v = v[:len(v)-2*windows]
-		w, ok1 := v[0].(int64)
-		e, ok2 := v[1].(int64)
-		pins, ok3 := pinsOf(v)
-		ok = ok && ok1 && ok2 && ok3 && e >= 0
-		rep := reserveReply{wait: w, epoch: uint64(e), pins: pins, windows: ws}
-		switch {
-		case !ok:
-		case len(v) == 2 && windows == 0 || len(v) == 3 && (pins != 0 || windows > 0):
+		if rep, ok := reservationTable(v, dims, windows); ok {
 			return rep, nil
-		case len(v) == 3+placeFields*dims && w > 0:
-			var err error
-			if rep.place, err = places(v[3:], time.Now()); err == nil {
-				return rep, nil
-			}
 		}
 	}
 	return reserveReply{}, fmt.Errorf("unexpected reply %v", v)
+}
+
+// reservationTable is reservation of a reply that is a table, and whether
+// it is one the scripts give.
+func reservationTable(v []any, dims, windows int) (reserveReply, bool) {
+	if len(v) < 2+min(windows, 1)+2*windows {
+		return reserveReply{}, false // not indexed
+	}
+	ws, ok := windowsOf(v[len(v)-2*windows:])
+	v = v[:len(v)-2*windows]
+	w, ok1 := v[0].(int64)
+	e, ok2 := v[1].(int64)
+	pins, ok3 := pinsOf(v)
+	if !ok || !ok1 || !ok2 || !ok3 || e < 0 {
+		return reserveReply{}, false
+	}
+	rep := reserveReply{wait: w, epoch: uint64(e), pins: pins, windows: ws}
+	switch {
+	case len(v) == 2 && windows == 0 || len(v) == 3 && (pins != 0 || windows > 0):
+		return rep, true
+	case len(v) == 3+placeFields*dims && w > 0:
+		var err error
+		rep.place, err = places(v[3:], time.Now())
+		return rep, err == nil
+	}
+	return reserveReply{}, false
 }
 
 // windowsOf reads the windows' fields of a reserve or adjust script's
