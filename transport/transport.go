@@ -111,18 +111,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	for n := 1; ; n++ {
 		resp, rep, sent, err := t.attempt(ctx, req, key, cost, n, &waited)
 		if !sent {
-			if n == 1 && req.Body != nil {
-				req.Body.Close() // a RoundTripper always closes the body
-			}
 			t.ended(ctx, req, n-1, tr, waited)
-			if last != nil && ctx.Err() == nil {
-				if l := t.logger(ctx); l != nil {
-					logReq(ctx, l, req, "sluice: retry not sent, returning the previous response",
-						slog.Int("attempt", n), slog.Int("status", last.StatusCode), errAttr(err))
-				}
-				return t.metered(ctx, key, lastRep.charged, lastRep.epoch, last), nil
-			}
-			return nil, err
+			return t.unsent(ctx, req, key, n, err, last, lastRep)
 		}
 		last = nil
 		refused := t.cfg.retry.refused(rep, err, t.cfg.bucket != nil)
@@ -152,6 +142,36 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
+}
+
+// waitError is the error of a bucket's wait that failed with err: the
+// caller's own if its context ended, else one that says what to do.
+func waitError(ctx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return err
+	case errors.Is(err, bucket.ErrExceedsBurst):
+		return fmt.Errorf("transport: the request's cost (WithCost) can never be admitted: %w: "+
+			"lower the cost (an LLM call's max_tokens) or raise the dimension's burst", err)
+	}
+	return fmt.Errorf("transport: %w", err)
+}
+
+// unsent is RoundTrip's outcome when attempt n of req was not sent (its
+// wait failed with err): the last attempt's response, last, which said
+// rep, if there is one and the caller is still there; else err.
+func (t *Transport) unsent(ctx context.Context, req *http.Request, key string, n int, err error, last *http.Response, rep reply) (*http.Response, error) {
+	if n == 1 && req.Body != nil {
+		req.Body.Close() // a RoundTripper always closes the body
+	}
+	if last == nil || ctx.Err() != nil {
+		return nil, err
+	}
+	if l := t.logger(ctx); l != nil {
+		logReq(ctx, l, req, "sluice: retry not sent, returning the previous response",
+			slog.Int("attempt", n), slog.Int("status", last.StatusCode), errAttr(err))
+	}
+	return t.metered(ctx, key, rep.charged, rep.epoch, last), nil
 }
 
 // drained drains and closes resp, a response not handed back, and returns
@@ -350,14 +370,7 @@ func (t *Transport) wait(ctx context.Context, key string, cost bucket.Cost, now 
 		}
 		r, err := bucket.WaitMax(ctx, t.cfg.bucket, key, cost, maxWait)
 		if err != nil {
-			switch {
-			case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-				return fail(err)
-			case errors.Is(err, bucket.ErrExceedsBurst):
-				return fail(fmt.Errorf("transport: the request's cost (WithCost) can never be admitted: %w: "+
-					"lower the cost (an LLM call's max_tokens) or raise the dimension's burst", err))
-			}
-			return fail(fmt.Errorf("transport: %w", err))
+			return fail(waitError(ctx, err))
 		}
 		t.ledger.add(charged, cost)
 		if maxWait != bucket.Unlimited {
