@@ -90,6 +90,7 @@ func TestSettleOutlivesCallerDeadline(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	p.SetLatency(40 * time.Millisecond)
+	settled := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	r, err := b.Reserve(cctx, "k", N(1), 0)
 	cancel()
@@ -101,8 +102,10 @@ func TestSettleOutlivesCallerDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tk[Requests] > 1 { // what refilled since the settle, at 10/s
-		t.Errorf("the share's debt of %d was lost: Redis has %v tokens", admitted, tk[Requests])
+	// At most what refilled since the settle, at 10/s (on a loaded machine
+	// the read may come well after it); the debt lost, Redis kept 9.6.
+	if refilled := 10 * time.Since(settled).Seconds(); tk[Requests] > max(refilled, 1) {
+		t.Errorf("the share's debt of %d was lost: Redis has %v tokens, %.2f refilled since the settle", admitted, tk[Requests], refilled)
 	}
 }
 

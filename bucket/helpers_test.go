@@ -70,6 +70,10 @@ func backends(t *testing.T) []*controlled {
 	cr := newClockedRedis(t, epoch)
 	rs := &controlled{name: "redis", advance: cr.clock.Advance}
 	rs.new = func(t *testing.T, l bucket.Limit, opts ...bucket.Option) bucket.Bucket {
+		// These tests compare the law, not timeouts: a call that a loaded
+		// machine delays past the default 250 ms must not fail, or fall
+		// to a share. A test's own WithRedisTimeout comes later and wins.
+		opts = append([]bucket.Option{bucket.WithRedisTimeout(5 * time.Second)}, opts...)
 		b := bucket.NewRedis(cr.rdb, l, opts...)
 		rs.tokens = func(t *testing.T, key string) bucket.Cost {
 			c, err := b.Tokens(t.Context(), key)
