@@ -77,10 +77,14 @@ func TestLocalCredit(t *testing.T) {
 	b := NewLocal(Limit{Rate: 10, Burst: 100}, WithClock(frozenClock(time.Unix(1000, 0))))
 	ctx := context.Background()
 	const key = "k"
-	credit := func(j int) float64 {
+	credit := func(j int) float64 { // j: 0 the tokens' credit, 1 the provider's bucket's
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return float64(b.keys[key].creditOf(j)) / 1e6
+		c := b.keys[key].dims[0].credit
+		if j == 1 {
+			c = b.keys[key].dims[0].providerCredit
+		}
+		return float64(millionths(c)) / 1e6
 	}
 	_, err := b.Reserve(ctx, key, N(100), 0)
 	require.NoError(t, err)
