@@ -184,73 +184,100 @@ type jsonMeter struct {
 
 const usageKey = "usage"
 
+// Write scans p, the body's next bytes, for its top-level "usage" object.
+// It never fails: a body it cannot follow reports no usage.
 func (m *jsonMeter) Write(p []byte) (int, error) {
 	start := 0 // of the usage object in p, while capturing
 	for i := 0; i < len(p) && !m.done; i++ {
-		c := p[i]
 		if m.str {
-			switch {
-			case m.esc:
-				m.esc, m.key = false, -1
-			case c == '\\':
-				m.esc, m.key = true, -1
-			case c == '"':
-				m.str = false
-				m.colon = m.key == len(usageKey)
-			case m.key >= 0 && m.key < len(usageKey) && c == usageKey[m.key]:
-				m.key++
-			default:
-				// Not a key being matched: skip to the next quote or backslash.
-				m.key = -1
-				rest := p[i+1:]
-				j := bytes.IndexByte(rest, '"')
-				if j >= 0 {
-					rest = rest[:j]
-				}
-				if k := bytes.IndexByte(rest, '\\'); k >= 0 {
-					j = k
-				}
-				if j < 0 {
-					i = len(p)
-				} else {
-					i += j
-				}
-			}
-			continue
-		}
-		switch c {
-		case ' ', '\t', '\n', '\r':
-			continue
-		}
-		colon, value := m.colon, m.value
-		m.colon, m.value = false, false
-		switch c {
-		case '"':
-			m.str, m.key = true, -1
-			if m.depth == 1 {
-				m.key = 0
-			}
-		case ':':
-			m.value = colon
-		case '{', '[':
-			m.depth++
-			if value && c == '{' {
-				m.capture, start = true, i
-			}
-		case '}', ']':
-			m.depth--
-			if m.capture && m.depth == 1 {
-				m.capture, m.done = false, true
-				if m.keep(p[start:i+1]) && json.Unmarshal(m.buf, &m.u) == nil {
-					m.found = true
-				}
-			}
+			i = m.inString(p, i)
+		} else {
+			start = m.token(p, i, start)
 		}
 	}
 	if m.capture {
 		m.keep(p[start:])
 	}
 	return len(p), nil
+}
+
+// inString reads p[i], a byte inside a string, and returns the index of
+// the last byte it read: past p[i], it skips the bytes that can neither end
+// the string nor match "usage", up to the next quote or backslash.
+func (m *jsonMeter) inString(p []byte, i int) int {
+	c := p[i]
+	switch {
+	case m.esc:
+		m.esc, m.key = false, -1
+	case c == '\\':
+		m.esc, m.key = true, -1
+	case c == '"':
+		m.str = false
+		m.colon = m.key == len(usageKey)
+	case m.key >= 0 && m.key < len(usageKey) && c == usageKey[m.key]:
+		m.key++
+	default:
+		// Not a key being matched: skip to the next quote or backslash.
+		m.key = -1
+		return i + plainLen(p[i+1:])
+	}
+	return i
+}
+
+// plainLen returns how many bytes of s, the rest of a string, come before
+// its next quote or backslash: all of them if it has neither.
+func plainLen(s []byte) int {
+	n := len(s)
+	if j := bytes.IndexByte(s, '"'); j >= 0 {
+		n = j
+	}
+	if k := bytes.IndexByte(s[:n], '\\'); k >= 0 {
+		n = k
+	}
+	return n
+}
+
+// token reads p[i], a byte outside any string: it follows the nesting,
+// and the key "usage" at the top level, its colon and its value. It
+// returns where the usage object starts in p: i if it opens at i, else
+// start.
+func (m *jsonMeter) token(p []byte, i, start int) int {
+	c := p[i]
+	switch c {
+	case ' ', '\t', '\n', '\r':
+		return start
+	}
+	colon, value := m.colon, m.value
+	m.colon, m.value = false, false
+	switch c {
+	case '"':
+		m.str, m.key = true, -1
+		if m.depth == 1 {
+			m.key = 0
+		}
+	case ':':
+		m.value = colon
+	case '{', '[':
+		m.depth++
+		if value && c == '{' {
+			m.capture, start = true, i
+		}
+	case '}', ']':
+		m.depth--
+		if m.capture && m.depth == 1 {
+			m.endUsage(p[start : i+1])
+		}
+	}
+	return start
+}
+
+// endUsage keeps b, the usage object's last bytes, and decodes the object;
+// the scan is done.
+func (m *jsonMeter) endUsage(b []byte) {
+	m.capture, m.done = false, true
+	if m.keep(b) && json.Unmarshal(m.buf, &m.u) == nil {
+		m.found = true
+	}
 }
 
 // keep appends b to the usage object kept, and gives up if it grows past
