@@ -393,72 +393,104 @@ func (h *Handler) admit(cost [numDims]int64, a *answer) decision {
 	defer h.mu.Unlock()
 	now := h.tick()
 	d := decision{now: time.Unix(0, now)}
-	refusing := &d.refusing
+	h.markRefusing(&d, now, cost)
+	if d.refused {
+		h.refuse(&d, now, cost)
+	} else {
+		h.accept(&d, now, cost, a)
+	}
+	d.quotas = h.quotas(now)
+	return d
+}
+
+// markRefusing marks in d the limits that have no room for cost at now,
+// and counts each refusal by its dimension. h.mu must be held.
+func (h *Handler) markRefusing(d *decision, now int64, cost [numDims]int64) {
 	for i, m := range h.meters {
 		if m == nil {
 			continue
 		}
 		if wait, ok := m.wait(now, cost[i]); !ok || wait > 0 {
-			refusing[i], d.refused = true, true
+			d.refusing[i], d.refused = true, true
 			h.stats.RejectedBy[i]++
 		}
 	}
-	if d.refused {
-		h.stats.Rejected++
-		h.rejected = append(h.rejected, now)
-		// The limits that count refusals count this one, then the waits
-		// are read: a retry is counted against what it waited for.
-		for i, m := range h.meters {
-			if m != nil {
-				m.refuse(now, cost[i])
-			}
-		}
-		// The wait is until the request fits every limit; the dimension
-		// named is the first refusing one that never fits it, else the
-		// refusing one that fits it last.
-		never, named := false, false
-		var longest time.Duration
-		for i, m := range h.meters {
-			if m == nil || never {
-				continue
-			}
-			wait, ok := m.wait(now, cost[i])
-			switch {
-			case !ok:
-				d.dim, d.wait, never = Dimension(i), 0, true
-				continue
-			case refusing[i] && (!named || wait > longest):
-				d.dim, longest, named = Dimension(i), wait, true
-			}
-			d.wait = max(d.wait, wait)
-		}
-	} else {
-		for i, m := range h.meters {
-			if m != nil {
-				m.take(now, cost[i])
-			}
-		}
-		h.stats.Accepted++
-		h.stats.ChargedTokens += cost[Tokens]
-		d.admission, d.resets = len(h.admitted), h.resets
-		h.admitted = append(h.admitted, charge{now, cost})
-		if a != nil {
-			h.seq++
-			a.id, a.created = a.id+strconv.FormatInt(h.seq, 10), now/int64(time.Second)
-			h.stats.PromptTokens += int64(a.prompt)
-			h.stats.CompletionTokens += int64(a.completion)
-			h.stats.TotalTokens += int64(a.prompt + a.completion)
+}
+
+// refuse counts d, a refusal of cost at now, and tells the limits that
+// count refusals; then it sets d's wait and the dimension it names.
+// h.mu must be held.
+func (h *Handler) refuse(d *decision, now int64, cost [numDims]int64) {
+	h.stats.Rejected++
+	h.rejected = append(h.rejected, now)
+	// The limits that count refusals count this one, then the waits are
+	// read: a retry is counted against what it waited for.
+	for i, m := range h.meters {
+		if m != nil {
+			m.refuse(now, cost[i])
 		}
 	}
+	h.nameRefusal(d, now, cost)
+}
+
+// nameRefusal sets d's wait, until the refused cost fits every limit, and
+// the dimension it names: the first refusing one that never fits it (with
+// no wait), else the refusing one that fits it last. h.mu must be held.
+func (h *Handler) nameRefusal(d *decision, now int64, cost [numDims]int64) {
+	named := false
+	var longest time.Duration
+	for i, m := range h.meters {
+		if m == nil {
+			continue
+		}
+		wait, ok := m.wait(now, cost[i])
+		switch {
+		case !ok:
+			d.dim, d.wait = Dimension(i), 0
+			return
+		case d.refusing[i] && (!named || wait > longest):
+			d.dim, longest, named = Dimension(i), wait, true
+		}
+		d.wait = max(d.wait, wait)
+	}
+}
+
+// accept takes cost from every limit at now, records the admission in d
+// and counts it; a, the completion if it is one, gets its id and time,
+// and its tokens are counted. h.mu must be held.
+func (h *Handler) accept(d *decision, now int64, cost [numDims]int64, a *answer) {
+	for i, m := range h.meters {
+		if m != nil {
+			m.take(now, cost[i])
+		}
+	}
+	h.stats.Accepted++
+	h.stats.ChargedTokens += cost[Tokens]
+	d.admission, d.resets = len(h.admitted), h.resets
+	h.admitted = append(h.admitted, charge{now, cost})
+	if a == nil {
+		return
+	}
+	h.seq++
+	a.id, a.created = a.id+strconv.FormatInt(h.seq, 10), now/int64(time.Second)
+	h.stats.PromptTokens += int64(a.prompt)
+	h.stats.CompletionTokens += int64(a.completion)
+	h.stats.TotalTokens += int64(a.prompt + a.completion)
+}
+
+// quotas returns each limit's quota at now, nil where there is no limit.
+// h.mu must be held.
+func (h *Handler) quotas(now int64) [numDims]*quota {
+	var qs [numDims]*quota
 	limits := h.limits()
 	for i, m := range h.meters {
 		if m != nil {
 			q := &quota{limit: limits[i]}
 			q.remaining, q.reset = m.status(now)
-			d.quotas[i] = q
+			qs[i] = q
 		}
 	}
-	return d
+	return qs
 }
 
 // limits returns the configured limits by Dimension.
