@@ -169,27 +169,44 @@ func parseBare(s string) (sfValue, string, bool) {
 	case c == '"':
 		return parseString(s)
 	case c == ':':
-		end := 1
-		for end < len(s) && isBase64(s[end]) {
-			end++
-		}
-		if end == len(s) || s[end] != ':' {
-			return sfValue{}, "", false
-		}
-		return sfValue{kind: sfBytes, str: s[1:end]}, s[end+1:], true
+		return parseBytes(s)
 	case c == '?':
-		if len(s) < 2 || s[1] != '0' && s[1] != '1' {
-			return sfValue{}, "", false
-		}
-		return sfValue{kind: sfBoolean, num: float64(s[1] - '0')}, s[2:], true
+		return parseBoolean(s)
 	case isAlpha(c) || c == '*':
-		end := 1
-		for end < len(s) && isTokenChar(s[end]) {
-			end++
-		}
-		return sfValue{kind: sfToken, str: s[:end]}, s[end:], true
+		return parseToken(s)
 	}
 	return sfValue{}, "", false
+}
+
+// parseBytes parses the Byte Sequence s starts with: base64 characters
+// between colons, kept as written.
+func parseBytes(s string) (sfValue, string, bool) {
+	end := 1
+	for end < len(s) && isBase64(s[end]) {
+		end++
+	}
+	if end == len(s) || s[end] != ':' {
+		return sfValue{}, "", false
+	}
+	return sfValue{kind: sfBytes, str: s[1:end]}, s[end+1:], true
+}
+
+// parseBoolean parses the Boolean s starts with: ?0 or ?1.
+func parseBoolean(s string) (sfValue, string, bool) {
+	if len(s) < 2 || s[1] != '0' && s[1] != '1' {
+		return sfValue{}, "", false
+	}
+	return sfValue{kind: sfBoolean, num: float64(s[1] - '0')}, s[2:], true
+}
+
+// parseToken parses the Token s starts with, whose first byte parseBare
+// has checked (a letter or *): as many token characters as follow.
+func parseToken(s string) (sfValue, string, bool) {
+	end := 1
+	for end < len(s) && isTokenChar(s[end]) {
+		end++
+	}
+	return sfValue{kind: sfToken, str: s[:end]}, s[end:], true
 }
 
 // parseNumber parses the Integer or Decimal s starts with: an optional
