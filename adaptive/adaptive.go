@@ -144,6 +144,9 @@ func (r Recovery) String() string {
 	return fmt.Sprintf("Recovery(%d)", uint8(r))
 }
 
+// known reports whether r is one of the laws defined here.
+func (r Recovery) known() bool { return r == Cubic || r == Additive }
+
 // Policy is the law a bucket follows when its responses are throttled.
 // Rates are handled as fractions of the configured limit (the ceiling).
 // Threshold refusals within ThresholdWindows windows multiply the fraction
@@ -230,29 +233,33 @@ var ErrInvalidPolicy = errors.New("adaptive: invalid policy")
 // Validate reports whether p is usable: every field zero (its default) or
 // within the range its doc gives. The error wraps ErrInvalidPolicy.
 func (p Policy) Validate() error {
-	bad := func(field string, v float64) error {
-		return fmt.Errorf("%w: %s is %v", ErrInvalidPolicy, field, v)
-	}
-	// positive reports whether v, a count of windows, is zero (the default)
-	// or positive and finite.
-	positive := func(v float64) bool { return v == 0 || v > 0 && !math.IsInf(v, 0) }
 	switch {
 	case p.Decrease != 0 && !(p.Decrease > 0 && p.Decrease < 1):
-		return bad("Decrease (want 0 < d < 1)", p.Decrease)
+		return invalidPolicy("Decrease (want 0 < d < 1)", p.Decrease)
 	case p.Threshold < 0:
-		return bad("Threshold (want >= 1)", float64(p.Threshold))
-	case !positive(p.ThresholdWindows):
-		return bad("ThresholdWindows (want > 0)", p.ThresholdWindows)
+		return invalidPolicy("Threshold (want >= 1)", float64(p.Threshold))
+	case !windowCount(p.ThresholdWindows):
+		return invalidPolicy("ThresholdWindows (want > 0)", p.ThresholdWindows)
 	case p.Floor != 0 && !(p.Floor >= 1e-6 && p.Floor <= 1):
-		return bad("Floor (want 1e-6 <= f <= 1)", p.Floor) // kept in millionths
-	case !positive(p.RecoveryWindows):
-		return bad("RecoveryWindows (want > 0)", p.RecoveryWindows)
+		return invalidPolicy("Floor (want 1e-6 <= f <= 1)", p.Floor) // kept in millionths
+	case !windowCount(p.RecoveryWindows):
+		return invalidPolicy("RecoveryWindows (want > 0)", p.RecoveryWindows)
 	case math.IsNaN(p.MinEpoch) || math.IsInf(p.MinEpoch, 0):
-		return bad("MinEpoch (want a finite number)", p.MinEpoch)
-	case !positive(p.HoldWindows):
-		return bad("HoldWindows (want > 0)", p.HoldWindows)
-	case p.Recovery != Cubic && p.Recovery != Additive:
+		return invalidPolicy("MinEpoch (want a finite number)", p.MinEpoch)
+	case !windowCount(p.HoldWindows):
+		return invalidPolicy("HoldWindows (want > 0)", p.HoldWindows)
+	case !p.Recovery.known():
 		return fmt.Errorf("%w: unknown recovery law %v", ErrInvalidPolicy, p.Recovery)
 	}
 	return nil
 }
+
+// invalidPolicy returns Validate's error for a field whose value v is out
+// of range; field names the field and the range it wants.
+func invalidPolicy(field string, v float64) error {
+	return fmt.Errorf("%w: %s is %v", ErrInvalidPolicy, field, v)
+}
+
+// windowCount reports whether v, a Policy's count of windows, is zero (its
+// default) or positive and finite.
+func windowCount(v float64) bool { return v == 0 || v > 0 && !math.IsInf(v, 0) }
