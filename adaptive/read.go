@@ -520,28 +520,11 @@ func goDuration(s string) (time.Duration, bool) {
 	var d time.Duration
 	prev := maxDuration // the unit of the previous number
 	for s != "" {
-		n := digits(s)
-		if n < len(s) && s[n] == '.' {
-			n += 1 + digits(s[n+1:])
-		}
-		whole, frac, ok := decimal(s[:n])
+		whole, frac, rest, ok := leadingNumber(s)
 		if !ok {
 			return 0, false
 		}
-		s = s[n:]
-		n = 0
-		for n < len(s) && (s[n] < '0' || s[n] > '9') && s[n] != '.' {
-			n++
-		}
-		sym := s[:n]
-		s = s[n:]
-		unit := time.Duration(0)
-		for _, u := range durationUnits {
-			if u.sym == sym {
-				unit = u.d
-				break
-			}
-		}
+		unit, rest := leadingUnit(rest)
 		if unit == 0 || unit >= prev {
 			return 0, false
 		}
@@ -551,8 +534,36 @@ func goDuration(s string) (time.Duration, bool) {
 			return 0, false
 		}
 		d += v
+		s = rest
 	}
 	return below(d)
+}
+
+// leadingNumber splits off the number s starts with, as decimal reads it
+// (its digits before and after its point), and returns what follows it.
+func leadingNumber(s string) (whole, frac, rest string, ok bool) {
+	n := digits(s)
+	if n < len(s) && s[n] == '.' {
+		n += 1 + digits(s[n+1:])
+	}
+	whole, frac, ok = decimal(s[:n])
+	return whole, frac, s[n:], ok
+}
+
+// leadingUnit splits off the unit symbol s starts with (up to the next
+// digit or point) and returns the unit it names, 0 if it is none of
+// durationUnits, and what follows it.
+func leadingUnit(s string) (time.Duration, string) {
+	n := 0
+	for n < len(s) && (s[n] < '0' || s[n] > '9') && s[n] != '.' {
+		n++
+	}
+	for _, u := range durationUnits {
+		if u.sym == s[:n] {
+			return u.d, s[n:]
+		}
+	}
+	return 0, s[n:]
 }
 
 // below returns d, and whether it is shorter than maxDuration (that is, not
