@@ -43,56 +43,87 @@ type Body struct {
 // 292 years or more, says nothing.
 func ParseBody(body []byte) Body {
 	var v struct {
-		Error struct {
-			Type    string `json:"type"`
-			Code    string `json:"code"`
-			Message string `json:"message"`
-			Details []struct {
-				Type       string `json:"@type"`
-				RetryDelay string `json:"retryDelay"`
-				Violations []struct {
-					QuotaMetric string `json:"quotaMetric"`
-					QuotaID     string `json:"quotaId"`
-				} `json:"violations"`
-			} `json:"details"`
-		} `json:"error"`
+		Error errorObject `json:"error"`
 	}
 	// A field of another type (Gemini's numeric code) leaves the others read.
 	var typeErr *json.UnmarshalTypeError
 	if err := json.Unmarshal(body, &v); err != nil && !errors.As(err, &typeErr) {
 		return Body{}
 	}
-	var b Body
 	e := &v.Error
-	switch {
-	case e.Code == "insufficient_quota", e.Type == "insufficient_quota",
-		e.Code == "billing_hard_limit_reached", e.Type == "billing_error",
-		strings.Contains(e.Message, "credit balance is too low"):
-		b.QuotaExhausted = true
-	}
-	retryInfo := false
-	for _, d := range e.Details {
-		switch d.Type {
-		case "type.googleapis.com/google.rpc.RetryInfo":
-			if delay, ok := protoDuration(d.RetryDelay); ok && !retryInfo {
-				b.RetryAfter, retryInfo = delay, true
-			}
-		case "type.googleapis.com/google.rpc.QuotaFailure":
-			for _, q := range d.Violations {
-				if strings.Contains(q.QuotaID, "PerDay") || strings.Contains(q.QuotaMetric, "per_day") {
-					b.QuotaExhausted = true
-				}
-			}
-		}
-	}
+	b := Body{QuotaExhausted: e.spentQuota() || dailyQuotaFailure(e.Details)}
+	var hasInfo bool
+	b.RetryAfter, hasInfo = retryInfo(e.Details)
 	// Gemini truncates the RetryInfo to whole seconds ("59s", "0s") and
 	// states the delay exactly in its message ("Please retry in
 	// 59.322187034s.", "in 356.313387ms."): a retry at the truncated delay
 	// comes up to a second early, into a window that has not freed yet.
-	if m, ok := messageDelay(e.Message); ok && (!retryInfo || m >= b.RetryAfter && m-b.RetryAfter < time.Second) {
+	if m, ok := messageDelay(e.Message); ok && (!hasInfo || m >= b.RetryAfter && m-b.RetryAfter < time.Second) {
 		b.RetryAfter = m
 	}
 	return b
+}
+
+// errorObject is what ParseBody reads of the object under a body's
+// top-level "error" key.
+type errorObject struct {
+	Type    string        `json:"type"`
+	Code    string        `json:"code"`
+	Message string        `json:"message"`
+	Details []errorDetail `json:"details"`
+}
+
+// errorDetail is one of Gemini's details: a google.rpc.RetryInfo, a
+// google.rpc.QuotaFailure or another, by its @type.
+type errorDetail struct {
+	Type       string `json:"@type"`
+	RetryDelay string `json:"retryDelay"`
+	Violations []struct {
+		QuotaMetric string `json:"quotaMetric"`
+		QuotaID     string `json:"quotaId"`
+	} `json:"violations"`
+}
+
+// spentQuota reports whether e's code, type or message says the account
+// is out of quota or credit, as OpenAI and Anthropic say it.
+func (e *errorObject) spentQuota() bool {
+	switch {
+	case e.Code == "insufficient_quota", e.Type == "insufficient_quota",
+		e.Code == "billing_hard_limit_reached", e.Type == "billing_error",
+		strings.Contains(e.Message, "credit balance is too low"):
+		return true
+	}
+	return false
+}
+
+// dailyQuotaFailure reports whether a google.rpc.QuotaFailure among
+// details has a violation of a daily quota.
+func dailyQuotaFailure(details []errorDetail) bool {
+	for _, d := range details {
+		if d.Type != "type.googleapis.com/google.rpc.QuotaFailure" {
+			continue
+		}
+		for _, q := range d.Violations {
+			if strings.Contains(q.QuotaID, "PerDay") || strings.Contains(q.QuotaMetric, "per_day") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// retryInfo returns the delay of the first google.rpc.RetryInfo among
+// details with a well-formed retryDelay, and whether there is one.
+func retryInfo(details []errorDetail) (time.Duration, bool) {
+	for _, d := range details {
+		if d.Type != "type.googleapis.com/google.rpc.RetryInfo" {
+			continue
+		}
+		if delay, ok := protoDuration(d.RetryDelay); ok {
+			return delay, true
+		}
+	}
+	return 0, false
 }
 
 // WithBody returns f amended by b, what the body of f's response says
