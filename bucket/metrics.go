@@ -158,50 +158,78 @@ func newMeters(c metricsConfig, dims []dim, read gauges, fo *failover) *meters {
 	m := &meters{dims: dims, static: c.attrs, label: c.label, read: read, fo: fo,
 		labels: make(map[string]*labelled)}
 	mt := c.provider.Meter(meterName)
-	nm := noop.Meter{}
-	counter := func(name, unit, desc string) metric.Float64Counter {
-		i, err := mt.Float64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		if err != nil {
-			i, _ = nm.Float64Counter(name)
-		}
-		return i
+	m.newInstruments(mt)
+	m.newTransitions(fo)
+	if m.label == nil {
+		m.one = m.newLabelled("", false)
 	}
-	count := func(name, unit, desc string) metric.Int64Counter {
-		i, err := mt.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		if err != nil {
-			i, _ = nm.Int64Counter(name)
-		}
-		return i
-	}
-	m.decisions = counter(metricDecisions, "{decision}", "Reservations asked for, by decision (now, delayed, refused, error) and by what served them (local, redis, share).")
-	m.charged = counter(metricCharged, "{token}", "Tokens that reservations took, by dimension.")
-	m.refunded = counter(metricRefunded, "{token}", "Tokens that Adjust gave back (a cancelled wait, usage below the estimate), by dimension.")
-	m.debited = counter(metricDebited, "{token}", "Tokens that Adjust charged on top of the reservation (usage above the estimate), by dimension.")
-	m.decreases = count(metricDecreases, "{decrease}", "Rate decreases that this process's refusals made.")
-	m.pauses = count(metricPauses, "{pause}", "Pauses of a key that this process's responses set or lengthened.")
-	m.low = count(metricLow, "{report}", "Keys found held below half a dimension's configured limit by a provider's report or by refusals, at most once a minute per key: when a warning is logged (WithLogger).")
-	m.transitions = count(metricTransitions, "{transition}", "Redis outages begun (state fail_open or fail_closed) and ended (state serving).")
+	m.registerGauges(mt, fo)
+	return m
+}
+
+// newInstruments makes m's counters and its histogram of waits through mt;
+// one that mt refuses is a no-op one.
+func (m *meters) newInstruments(mt metric.Meter) {
+	m.decisions = float64Counter(mt, metricDecisions, "{decision}", "Reservations asked for, by decision (now, delayed, refused, error) and by what served them (local, redis, share).")
+	m.charged = float64Counter(mt, metricCharged, "{token}", "Tokens that reservations took, by dimension.")
+	m.refunded = float64Counter(mt, metricRefunded, "{token}", "Tokens that Adjust gave back (a cancelled wait, usage below the estimate), by dimension.")
+	m.debited = float64Counter(mt, metricDebited, "{token}", "Tokens that Adjust charged on top of the reservation (usage above the estimate), by dimension.")
+	m.decreases = int64Counter(mt, metricDecreases, "{decrease}", "Rate decreases that this process's refusals made.")
+	m.pauses = int64Counter(mt, metricPauses, "{pause}", "Pauses of a key that this process's responses set or lengthened.")
+	m.low = int64Counter(mt, metricLow, "{report}", "Keys found held below half a dimension's configured limit by a provider's report or by refusals, at most once a minute per key: when a warning is logged (WithLogger).")
+	m.transitions = int64Counter(mt, metricTransitions, "{transition}", "Redis outages begun (state fail_open or fail_closed) and ended (state serving).")
 	var err error
 	if m.wait, err = mt.Float64Histogram(metricWait, metric.WithUnit("s"),
 		metric.WithDescription("The delay of each reservation taken: how long its caller waits for its slot."),
 		metric.WithExplicitBucketBoundaries(0, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60)); err != nil {
-		m.wait, _ = nm.Float64Histogram(metricWait)
+		m.wait, _ = noop.Meter{}.Float64Histogram(metricWait)
 	}
+}
+
+// float64Counter returns mt's Float64Counter name, or a no-op one if mt
+// refuses it.
+func float64Counter(mt metric.Meter, name, unit, desc string) metric.Float64Counter {
+	i, err := mt.Float64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	if err != nil {
+		i, _ = noop.Meter{}.Float64Counter(name)
+	}
+	return i
+}
+
+// int64Counter returns mt's Int64Counter name, or a no-op one if mt
+// refuses it.
+func int64Counter(mt metric.Meter, name, unit, desc string) metric.Int64Counter {
+	i, err := mt.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+	if err != nil {
+		i, _ = noop.Meter{}.Int64Counter(name)
+	}
+	return i
+}
+
+// newTransitions keeps the attributes of each state a transition of Redis
+// enters, and, for a Redis-backed bucket (fo not nil), starts the counts of
+// the transitions it can make at zero.
+func (m *meters) newTransitions(fo *failover) {
 	m.entered = map[string]metric.MeasurementOption{}
 	for _, name := range []string{"serving", "fail_open", "fail_closed"} {
 		m.entered[name] = m.with(attribute.String(attrState, name))
 	}
-	if fo != nil {
-		down := "fail_closed"
-		if fo.open {
-			down = "fail_open"
-		}
-		m.transitions.Add(context.Background(), 0, m.entered[down])
-		m.transitions.Add(context.Background(), 0, m.entered["serving"])
+	if fo == nil {
+		return
 	}
-	if m.label == nil {
-		m.one = m.newLabelled("", false)
+	down := "fail_closed"
+	if fo.open {
+		down = "fail_open"
 	}
+	m.transitions.Add(context.Background(), 0, m.entered[down])
+	m.transitions.Add(context.Background(), 0, m.entered["serving"])
+}
+
+// registerGauges makes m's gauges through mt (Redis's state and the
+// fleet's members too for a Redis-backed bucket, fo not nil) and registers
+// the callback that reads them at each collection. If mt refuses one, m
+// records its counters only.
+func (m *meters) registerGauges(mt metric.Meter, fo *failover) {
 	waiters, err1 := mt.Int64ObservableGauge(metricWaiters, metric.WithUnit("{reservation}"),
 		metric.WithDescription("Reservations this process holds whose slot has not come yet."))
 	remaining, err2 := mt.Float64ObservableGauge(metricRemaining, metric.WithUnit("{token}"),
@@ -219,22 +247,27 @@ func newMeters(c metricsConfig, dims []dim, read gauges, fo *failover) *meters {
 		insts = append(insts, state, members)
 	}
 	if err1 != nil || err2 != nil || err3 != nil || err4 != nil || err5 != nil {
-		return m // counters only: the meter refused a gauge
+		return // counters only: the meter refused a gauge
 	}
 	_, _ = mt.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		o.ObserveInt64(waiters, m.waiting.count(time.Now()), m.baseOption())
 		m.observeKeys(ctx, o, remaining, fraction)
 		if fo != nil {
-			o.ObserveInt64(state, int64(fo.metricState()), m.baseOption())
-			if fo.open {
-				if n := fo.members.Load(); n > 0 {
-					o.ObserveInt64(members, n, m.baseOption())
-				}
-			}
+			m.observeFailover(o, fo, state, members)
 		}
 		return nil
 	}, insts...)
-	return m
+}
+
+// observeFailover observes Redis's state as fo sees it and, if fo fails
+// open, the fleet's members as last counted (none before the first count).
+func (m *meters) observeFailover(o metric.Observer, fo *failover, state, members metric.Int64Observable) {
+	o.ObserveInt64(state, int64(fo.metricState()), m.baseOption())
+	if fo.open {
+		if n := fo.members.Load(); n > 0 {
+			o.ObserveInt64(members, n, m.baseOption())
+		}
+	}
 }
 
 // with is the static attributes and attrs, as one set.
