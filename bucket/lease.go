@@ -392,35 +392,35 @@ func refused(fb adaptive.Feedback) bool {
 // replies {1 if it took the lease, else 0, the epoch, 1 if a dimension is
 // held below this process's limit (see pinned), else 0}.
 var leaseScript = newScript(luaCommon + `
-local f, epoch = fraction(span, law)
+local f, epoch = fraction()
 local n = #KEYS - 1
-local st, ok = {}, pausedTo <= now
+local st, gives, ok = {}, {}, pausedTo <= now
 for i = 1, n do
   local want, give = tonumber(ARGV[3*i+3]), tonumber(ARGV[3*n+3+i])
-  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin, _, _, arate, aburst = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
-  tk = math.min(burst, tk + give)
-  if pt then
-    pt = math.min(pb, pt + give)
+  local d = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  d.tokensNow = math.min(d.burst, d.tokensNow + give)
+  if d.providerNow then
+    d.providerNow = math.min(d.providerBurst, d.providerNow + give)
   end
-  if at > now then
-    tk = math.min(tk, 0) -- paused: empty at its end (adjustScript)
+  if d.atNow > now then
+    d.tokensNow = math.min(d.tokensNow, 0) -- paused: empty at its end (adjustScript)
   end
-  if want > 0 and (at > now or tk < want or (pt and pt < want)) then
+  if want > 0 and (d.atNow > now or d.tokensNow < want or (d.providerNow and d.providerNow < want)) then
     ok = false
   end
-  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, want, give, arate, aburst}
+  d.amount, st[i], gives[i] = want, d, give
 end
-for i, s in ipairs(st) do
+for i, d in ipairs(st) do
   if ok then
-    s[1] = s[1] - s[11]
-    if s[6] then s[6] = s[6] - s[11] end
-  end
-  if ok then
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[13], s[14])
-  elseif s[12] > 0 then
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], nil, s[13], s[14]) -- refused: no pin (reserveScript)
+    d.tokensNow = d.tokensNow - d.amount
+    if d.providerNow then d.providerNow = d.providerNow - d.amount end
+    store(d)
+  elseif gives[i] > 0 then
+    d.pin = false -- refused: no pin (reserveScript)
+    store(d)
   end
 end
+saveAll()
 local h = 0
 if held then h = 1 end
 if ok then
