@@ -32,10 +32,11 @@ package bucket
 // leaves the integers a Lua double holds exactly, and no write can fail
 // halfway through a script.
 //
-// ARGV of reserve, adjust and tokens: the operation's argument, the recovery
-// span in microseconds, the law's flags (the recovery law, 0 cubic or 1
-// additive, plus 2 for a cold start), then one triple per dimension key:
-// rate (tokens/s; negated for a window, WithWindow), burst, amount.
+// The scripts' ARGV and replies are laid out in codec.go, whose names the
+// scripts use (ARG_SPAN, DIM_RATE, …): a head (the operation's argument,
+// the recovery span in microseconds, the law's flags), then a group per
+// dimension key (its kind, a window or not, its rate in tokens/s, burst
+// and amount).
 
 // luaCommon defines now, the key's adaptive state (law) and the functions
 // every token bucket script uses.
@@ -46,8 +47,9 @@ func luaCommonOf(law []stateField) string {
 	return `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
-local span, flags = tonumber(ARGV[2]), tonumber(ARGV[3])
-local recovery, cold = flags % 2, flags >= 2
+local span, flags = tonumber(ARGV[ARG_SPAN]), tonumber(ARGV[ARG_FLAGS])
+local additive = flags % (2 * FLAG_ADDITIVE) >= FLAG_ADDITIVE -- the recovery law: additive, or cubic
+local cold = flags % (2 * FLAG_COLD) >= FLAG_COLD
 local pausedTo = now -- the latest a dimension's at may be (see above)
 local held = false -- a dimension is held below this process's limit (see pinned)
 local pinLive = false -- a dimension read has a pin that holds (see pinned)
@@ -122,7 +124,7 @@ local function fraction()
   end
   local u = (now - d) / span
   local f = a + u
-  if recovery == 0 then
+  if not additive then
     f = a + u * u * u
   end
   return math.min(f, 1), e, d, a
@@ -176,10 +178,11 @@ local function folded(d, f)
   return math.floor(tu - dt * rate + 0.5), life
 end
 
--- refill loads the dimension key (see dimension) and sets in its table
--- what it is as of now, at fraction f, beside its state:
+-- refill loads the dimension key (see luaLoad) and sets in its table
+-- what it is as of now, at fraction f, beside its state, with the kind,
+-- rate and burst of its group of ARGV, which begins at o + 1 (see codec.go):
 --
---	window                 a window (WithWindow: rate < 0): not scaled, never cold
+--	window                 a window (WithWindow): not scaled, never cold
 --	rate, burst            now: the configured ones (after pinned), lowered to
 --	                       what the provider reported while that counts (see
 --	                       reportCaps), times f
@@ -200,10 +203,11 @@ end
 --
 -- and returns that table. A missing hash is full, or on a cold start holds
 -- only first, the amount of the reservation that creates it.
-local function refill(key, rate, burst, f, first)
-  ` + luaLoad + `  d.window = rate < 0
+local function refill(key, o, f, first)
+  ` + luaLoad + `  local rate, burst = tonumber(ARGV[o + DIM_RATE]), tonumber(ARGV[o + DIM_BURST])
+  d.window = tonumber(ARGV[o + DIM_KIND]) == KIND_WINDOW
   if d.window then
-    rate, f = -rate, 1
+    f = 1
   end
   rate, burst, d.pin, d.pinEnd = pinned(d, rate, burst)
   d.ownRate, d.ownBurst, d.scale = rate, burst, f
@@ -381,24 +385,23 @@ local function place(out, d)
   if type(c) == 'number' then c = string.format('%d', c) end
   if type(fc) == 'number' then fc = string.format('%d', fc) end
   if type(life) == 'number' then life = string.format('%d', life) end
-  out[n+1] = d.atNow - now + deficit(d.tokensNow, d.rate)
-  out[n+2] = c
-  out[n+3] = math.ceil(d.rate * 1e6)
-  out[n+4] = d.atNow - now
+  out[n + PLACE_WAIT] = d.atNow - now + deficit(d.tokensNow, d.rate)
+  out[n + PLACE_CREDIT] = c
+  out[n + PLACE_RATE] = math.ceil(d.rate * 1e6)
+  out[n + PLACE_FROM] = d.atNow - now
+  out[n + PLACE_PROVIDER_WAIT], out[n + PLACE_PROVIDER_RATE] = -1, 0
   if d.providerNow then
-    out[n+5] = d.atNow - now + deficit(d.providerNow, d.providerRate)
-    out[n+7] = math.ceil(d.providerRate * 1e6)
-  else
-    out[n+5], out[n+7] = -1, 0
+    out[n + PLACE_PROVIDER_WAIT] = d.atNow - now + deficit(d.providerNow, d.providerRate)
+    out[n + PLACE_PROVIDER_RATE] = math.ceil(d.providerRate * 1e6)
   end
-  out[n+6] = fc
-  out[n+8] = life
+  out[n + PLACE_PROVIDER_CREDIT] = fc
+  out[n + PLACE_LIFE] = life
   if d.fold == 'new' then
-    out[n+8] = string.format('%d', (tonumber(d.life) or 0) + 1) -- the life the fold starts (see fold)
+    out[n + PLACE_LIFE] = string.format('%d', (tonumber(d.life) or 0) + 1) -- the life the fold starts (see fold)
   end
-  out[n+9] = 0
+  out[n + PLACE_PIN_END] = 0
   if d.pinEnd then
-    out[n+9] = d.pinEnd - now
+    out[n + PLACE_PIN_END] = d.pinEnd - now
   end
 end
 `
@@ -417,7 +420,7 @@ end
 `
 
 // reserveScript takes each dimension key's amount if all of them can be
-// taken within ARGV[1] microseconds, all or nothing. It returns the wait in
+// taken within maxWait (argOp) microseconds, all or nothing. It returns the wait in
 // microseconds (0 if the tokens were there), negated if nothing was taken
 // (a refused wait is always > 0), and the key's epoch, if not 0, then the
 // pins' flags if any: 1 if a dimension is held below this process's limit
@@ -429,7 +432,7 @@ end
 //
 // It takes more reservations of the key after the first, in order (see
 // coalescer): each adds to ARGV its maxWait and then an amount for every
-// dimension key, 0 where it charges nothing there (the first's triples
+// dimension key, 0 where it charges nothing there (the first's groups
 // give 0 so too). Each is decided as if it were a call of its own made
 // after the one before it at the same instant: it reads what those set
 // (see loaded), and a refusal takes nothing. With more than one, the reply
@@ -452,7 +455,7 @@ local function take(o, step)
   for i = 1, k do
     local amount = tonumber(ARGV[o + step*i])
     if amount ~= 0 then
-      local d = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, amount)
+      local d = refill(KEYS[i+1], ARG_HEAD + DIM_ARGS*(i-1), f, amount)
       d.amount, d.tokensNow = amount, d.tokensNow - amount
       local w = d.atNow - now + deficit(d.tokensNow, d.rate)
       if d.providerNow then
@@ -470,12 +473,12 @@ end
 -- the wait.
 local function reply(st, wait)
   local pins = 0
-  if held then pins = 1 end
-  if pinIgnored then pins = pins + 2 end
+  if held then pins = PIN_HELD end
+  if pinIgnored then pins = pins + PIN_IGNORED end
   local out
   if wait >= 250000 then
     -- a wait that may move up (minMoveUp): its place in each dimension
-    out = {wait, epoch, pins}
+    out = {wait, epoch, pins} -- REPLY_WAIT, REPLY_EPOCH, REPLY_PINS
     for _, d in ipairs(st) do
       place(out, d)
     end
@@ -529,10 +532,10 @@ local function reserve(wmax, o, step)
   return reply(st, wait)
 end
 
-local out = reserve(tonumber(ARGV[1]), 3, 3)
-if #ARGV > 3 + 3*k then
+local out = reserve(tonumber(ARGV[ARG_OP]), ARG_HEAD + DIM_AMOUNT - DIM_ARGS, DIM_ARGS)
+if #ARGV > ARG_HEAD + DIM_ARGS*k then
   out = {out} -- a batch
-  for o = 4 + 3*k, #ARGV, k + 1 do
+  for o = ARG_HEAD + DIM_ARGS*k + BATCH_WAIT, #ARGV, k + 1 do
     out[#out+1] = reserve(tonumber(ARGV[o]), o, 1)
   end
 end
@@ -542,7 +545,7 @@ return out
 
 // adjustScript refills each dimension key, then subtracts its amount (a
 // negative amount refunds at most a burst, and never fills the key above
-// it: Local.adjust). ARGV[1] is 1 if the delta
+// it: Local.adjust). argOp is adjustServed if the delta
 // is a served call's (Settle): a refund is then credited (see place in
 // bucket.go); a debit always is, negative. A window's hash is kept when
 // full (see store). It replies 1, or, if it adjusted a window (WithWindow),
@@ -550,7 +553,7 @@ return out
 // its hash's life (0: no hash)}, as reserveScript does.
 var adjustScript = newScript(luaCommon + luaCredit + `
 local f = fraction()
-local served = ARGV[1] == '1'
+local served = tonumber(ARGV[ARG_OP]) == ADJUST_SERVED
 
 -- adjust subtracts amount from the dimension d (see refill), crediting
 -- it, or drops d's hash if that leaves it full with nothing to keep.
@@ -578,8 +581,9 @@ end
 
 local out
 for i = 1, #KEYS - 1 do
-  local d = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
-  adjust(KEYS[i+1], d, math.max(tonumber(ARGV[3*i+3]), -tonumber(ARGV[3*i+2])))
+  local o = ARG_HEAD + DIM_ARGS*(i-1)
+  local d = refill(KEYS[i+1], o, f, 0)
+  adjust(KEYS[i+1], d, math.max(tonumber(ARGV[o + DIM_AMOUNT]), -tonumber(ARGV[o + DIM_BURST])))
   if d.window then
     local life = 0 -- no hash, if dropped
     if loaded[KEYS[i+1]] == d then
@@ -598,13 +602,14 @@ return out or 1
 // lowerScript lowers each dimension key to its amount where it holds more,
 // changing nothing elsewhere: a window (WithWindow) that Redis made anew (a
 // restart, a flush) while a process had seen it hold less, refilled since
-// (see windowsSeen). A lowering is a cut, credited as a debit is. ARGV[1]
+// (see windowsSeen). A lowering is a cut, credited as a debit is. argOp
 // is unused.
 var lowerScript = newScript(luaCommon + luaCredit + `
 local f = fraction()
 for i = 1, #KEYS - 1 do
-  local to = tonumber(ARGV[3*i+3])
-  local d = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local o = ARG_HEAD + DIM_ARGS*(i-1)
+  local to = tonumber(ARGV[o + DIM_AMOUNT])
+  local d = refill(KEYS[i+1], o, f, 0)
   if d.tokensNow > to then
     credit(d, 'credit', to - d.tokensNow)
     d.tokensNow = to
@@ -618,12 +623,12 @@ return 1
 // queueScript returns, for each dimension key, the end of its queue as a
 // place (see place): how long from now until its debt is paid, the pause
 // and the provider's bucket apart, with their credits, changing nothing.
-// ARGV[1] and the amounts are unused.
+// argOp and the amounts are unused.
 var queueScript = newScript(luaCommon + luaPlace + `
 local f = fraction()
 local out = {}
 for i = 1, #KEYS - 1 do
-  place(out, refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0))
+  place(out, refill(KEYS[i+1], ARG_HEAD + DIM_ARGS*(i-1), f, 0))
 end
 return out
 `)
@@ -631,13 +636,13 @@ return out
 // tokensScript returns each dimension key's tokens now (as of the end of a
 // pause), then each one's rate, the lower of ours and the provider's
 // bucket's, as strings, changing nothing (a report that has run its time
-// is folded into ours as read, not written: see refill). ARGV[1] and the
+// is folded into ours as read, not written: see refill). argOp and the
 // amounts are unused.
 var tokensScript = newScript(luaCommon + `
 local f = fraction()
 local out, n = {}, #KEYS - 1
 for i = 1, n do
-  local d = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
+  local d = refill(KEYS[i+1], ARG_HEAD + DIM_ARGS*(i-1), f, 0)
   local tk, rate = d.tokensNow, d.rate
   if d.providerNow then
     tk, rate = math.min(tk, d.providerNow), math.min(rate, d.providerRate)
@@ -649,16 +654,17 @@ return out
 `)
 
 // observeScript applies a response's feedback to a key (every dimension).
-// ARGV: what to learn from refusals (0: nothing, 1: count this one, 2:
-// forget them: the provider reported its rate), the span, the flags, the epoch
-// the request was reserved in, the pause in microseconds (0: none), the
-// decrease factor, the floor, the least time between decreases in
-// microseconds, the threshold, the window in microseconds, the time a
-// decreased rate must be kept to be known safe in microseconds; then for each
-// dimension key: rate, burst, the remaining the provider reported (< 0:
-// unknown), the rate and the burst it reported (0: unknown), and for how
-// long those count in microseconds. It replies 1 if it decreased the rate,
-// plus 2 if it set or lengthened a pause.
+// ARGV (codec.go, obs*): what to learn from refusals (the verdict: nothing,
+// count this one, or forget them: the provider reported its rate), the
+// span, the flags, the epoch the request was reserved in, the pause in
+// microseconds (0: none), the decrease factor, the floor, the least time
+// between decreases in microseconds, the threshold, the window in
+// microseconds, the time a decreased rate must be kept to be known safe in
+// microseconds; then for each dimension key: its kind, rate, burst, the
+// remaining the provider reported (< 0: unknown), the rate and the burst
+// it reported (0: unknown), and for how long those count in microseconds.
+// It replies observedDecrease if it decreased the rate, plus
+// observedPause if it set or lengthened a pause.
 var observeScript = newScript(luaCommonOf(lawFields) + luaCredit + luaLawSave + `
 local f, epoch, decreased, after = fraction()
 
@@ -682,28 +688,30 @@ local function expireLaw()
   end
 end
 
--- learn applies what ARGV[1] says to learn from refusals to the law's
--- state: it returns the fraction after it, and 1 if it decreased it.
+-- learn applies what the verdict (OBS_VERDICT) says to learn from refusals to the law's
+-- state: it returns the fraction after it, and OBSERVED_DECREASE if it
+-- decreased it (else 0).
 local function learn()
-  if ARGV[1] == '2' then
+  local verdict = tonumber(ARGV[OBS_VERDICT])
+  if verdict == VERDICT_FORGET then
     set(law, 'after', false)
     set(law, 'decreased', false)
     set(law, 'refused', false)
     set(law, 'counting', false)
     return 1, 0
   end
-  if ARGV[1] ~= '1' or tonumber(ARGV[4]) < epoch then
+  if verdict ~= VERDICT_COUNT or tonumber(ARGV[OBS_EPOCH]) < epoch then
     return f, 0
   end
-  local window = tonumber(ARGV[10])
+  local window = tonumber(ARGV[OBS_WINDOW])
   local n, cs = tonumber(law.refused) or 0, tonumber(law.counting) or 0
   if now - cs > window then
     n, cs = 0, now
   end
   n = n + 1
-  local safe = decreased and now - decreased >= tonumber(ARGV[11]) -- adaptive.Policy.HoldWindows
-  if (n >= tonumber(ARGV[9]) or safe) and (not decreased or now - decreased >= tonumber(ARGV[8])) then
-    local nf = math.max(tonumber(ARGV[7]), f * tonumber(ARGV[6]))
+  local safe = decreased and now - decreased >= tonumber(ARGV[OBS_HOLD]) -- adaptive.Policy.HoldWindows
+  if (n >= tonumber(ARGV[OBS_THRESHOLD]) or safe) and (not decreased or now - decreased >= tonumber(ARGV[OBS_MIN_EPOCH])) then
+    local nf = math.max(tonumber(ARGV[OBS_FLOOR]), f * tonumber(ARGV[OBS_DECREASE]))
     if safe then
       nf = math.max(nf, math.min(after, f))
     end
@@ -713,7 +721,7 @@ local function learn()
     set(law, 'refused', 0)
     set(law, 'counting', 0)
     lawExpiry[#lawExpiry+1] = {at = math.ceil((now + span) / 1000) + 1000}
-    return nf, 1
+    return nf, OBSERVED_DECREASE
   end
   set(law, 'refused', n)
   set(law, 'counting', cs)
@@ -835,21 +843,21 @@ end
 -- the law and under a pause of pause microseconds (0: none): it returns
 -- how long the pause held the dimension past its atNow (0: not).
 local function observeDim(i, nf, pause)
-  local o = 6 * i + 6
-  local crate = tonumber(ARGV[o])
-  local d = refill(KEYS[i+1], crate, tonumber(ARGV[o+1]), f, 0)
+  local o = OBS_HEAD + OBS_ARGS*(i-1)
+  local d = refill(KEYS[i+1], o, f, 0)
   fold(d) -- before a report writes its fields
   local was = {tokensNow = d.tokensNow, atNow = d.atNow, rate = d.rate, burst = d.burst,
     providerNow = d.providerNow, providerRate = d.providerRate, providerBurst = d.providerBurst}
   local f, paused = f, 0
-  if crate < 0 then
+  if d.window then
     -- a window (WithWindow): not scaled, not paused, not reported on
     f, nf, pause = 1, 1, 0
   end
   if pause > 0 and now + pause > d.atNow then
     paused = pauseDim(d, pause, f, nf)
   end
-  report(d, tonumber(ARGV[o+2]), tonumber(ARGV[o+3]), tonumber(ARGV[o+4]), tonumber(ARGV[o+5]), f)
+  report(d, tonumber(ARGV[o + OBS_REMAINING]), tonumber(ARGV[o + OBS_REPORTED_RATE]),
+    tonumber(ARGV[o + OBS_REPORTED_BURST]), tonumber(ARGV[o + OBS_REPORTED_FOR]), f)
   d.tokensNow = math.min(d.tokensNow, d.burst * nf / f)
   cut(d, was)
   d.rate, d.burst, d.scale = d.rate * nf / f, d.burst * nf / f, nf
@@ -858,10 +866,10 @@ local function observeDim(i, nf, pause)
 end
 
 local nf, changed = learn()
-local pause, paused = tonumber(ARGV[5]), 0
+local pause, paused = tonumber(ARGV[OBS_PAUSE]), 0
 if pause > 0 and now + pause > pausedTo then
   pausedTo = now + pause
-  changed = changed + 2
+  changed = changed + OBSERVED_PAUSE
   set(law, 'pausedUntil', pausedTo)
   lawExpiry[#lawExpiry+1] = {below = pause / 1000 + 1000, to = math.ceil(pause / 1000) + 1000}
 end
@@ -872,7 +880,7 @@ end
 -- moved on, must outlive the hash no more than before.
 if paused > 0 and (tonumber(law.refused) or 0) > 0 then
   set(law, 'counting', (tonumber(law.counting) or 0) + paused)
-  local ttl = math.ceil((law.counting + tonumber(ARGV[10]) - now) / 1000) + 1000
+  local ttl = math.ceil((law.counting + tonumber(ARGV[OBS_WINDOW]) - now) / 1000) + 1000
   lawExpiry[#lawExpiry+1] = {below = ttl, to = ttl, live = true}
 end
 saveAll()
