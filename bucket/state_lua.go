@@ -89,9 +89,10 @@ var lawFields = []stateField{
 // lawRead are the fields of the adaptive state that every script reads.
 var lawRead = lawFields[:4]
 
-// dimNow are the fields refill sets in a dimension's table beside its
-// state (see refill in redis_lua.go): the dimension as of now, and the
-// operation's amounts. They are never saved; the loader gives each a slot,
+// dimNow are the fields a dimension's table holds beside its state: its
+// key and whether its credits were read (see credits), then what refill
+// sets (see refill in redis_lua.go): the dimension as of now, and the
+// operation's amount. They are never saved; the loader gives each a slot,
 // so that filling them grows no table.
 var dimNow = []string{
 	"key", "creditsRead", "window", "rate", "burst", "tokensNow", "atNow", "expiresNow", "reportedNow",
@@ -100,11 +101,12 @@ var dimNow = []string{
 }
 
 // luaState defines set; loaded, credits and saveAll, for the dimensions'
-// states (see luaLoad, which loads one). The loaders and savers are written out from dimFields
-// and lawFields, a constant HMGET and one table constructor, and a test per
-// field in a save: a table that maps names to fields, or a loop over one,
-// is built anew by every call of a script and costs more Redis
-// instructions than the whole read.
+// states (see luaLoad, which loads one). The loaders and savers are
+// written out from dimFields, dimCredits and lawFields: a constant HMGET
+// and one table constructor, and a test per field in a save. A Lua table
+// that maps names to fields is built anew by every call of a script: two
+// of them cost about 7 K Redis instructions a call (callgrind,
+// compat/internal/scriptcost).
 var luaState = `
 -- set sets the field name of a loaded state s to v (false: delete it),
 -- to be written when the state is saved.
