@@ -127,15 +127,15 @@ func (a *adaptation) counts(fb adaptive.Feedback, epoch uint64) bool {
 	return fb.Class == adaptive.RateLimited && fb.Epoch >= epoch
 }
 
-// flags is the law as the scripts read it: the Recovery law (0 cubic, 1
-// additive), plus 2 for a cold start.
+// flags is the law as the scripts read it (argFlags): flagAdditive for
+// the additive Recovery law (else cubic), flagCold for a cold start.
 func (a *adaptation) flags() any {
 	n := 0
 	if a.policy.Recovery == adaptive.Additive {
-		n = 1
+		n |= flagAdditive
 	}
 	if a.policy.ColdStart {
-		n += 2
+		n |= flagCold
 	}
 	return smallAmounts[n]
 }
@@ -143,9 +143,9 @@ func (a *adaptation) flags() any {
 // flagsCold is flags with a cold start.
 func (a *adaptation) flagsCold() any {
 	if a.policy.Recovery == adaptive.Additive {
-		return smallAmounts[3]
+		return smallAmounts[flagAdditive|flagCold]
 	}
-	return smallAmounts[2]
+	return smallAmounts[flagCold]
 }
 
 // pauseTokens returns what a dimension holds at the end of a pause of d

@@ -187,7 +187,8 @@ func (r *Redis) reserveBy(ctx context.Context, key string, cost Cost, maxWait ti
 		// refund outlives the ended context (see WaitMax).
 		if p.r.OK {
 			rctx, cancel := wait.Detached(ctx)
-			rerr := r.adjustWith(rctx, adjustScript, key, cost.Neg(), false, smallAmounts[0], r.span, r.flags())
+			h := scriptHead(smallAmounts[adjustUnserved], r.span, r.flags())
+			rerr := r.adjustWith(rctx, adjustScript, key, cost.Neg(), false, h[:]...)
 			cancel()
 			if rerr != nil {
 				return Reservation{}, nil, p.by, fmt.Errorf("bucket: redis reserve: %w (%w)", err, rerr)
@@ -275,10 +276,10 @@ func (r *Redis) runBatch(key string, batch []*pending) {
 
 // batchArgs returns the KEYS and ARGV of the reserve script for the
 // reservations live of key, in order, under flags. KEYS: the state, then
-// each dimension that a reservation charges. ARGV: the first's maxWait,
-// the span, the flags, and a triple per dimension key (its amount 0 where
-// it charges none); then for each other, its maxWait and its amount for
-// each dimension key.
+// each dimension that a reservation charges. ARGV (see codec.go): the head
+// with the first's maxWait, and a group per dimension key (its amount 0
+// where it charges none); then for each other, its maxWait (batchWait) and
+// its amount for each dimension key.
 func (r *Redis) batchArgs(key string, live []*pending, flags any) ([]string, []any) {
 	charged := make([]bool, len(r.dims))
 	for _, p := range live {
@@ -302,15 +303,16 @@ func (r *Redis) batchArgs(key string, live []*pending, flags any) ([]string, []a
 		}
 		return smallAmounts[0]
 	}
-	args := make([]any, 0, 3+3*k+(len(live)-1)*(k+1))
-	args = append(args, waitArg(live[0].maxWait), r.span, flags)
+	args := make([]any, 0, argHead+dimArgs*k+(len(live)-1)*(batchWait+k))
+	head := scriptHead(waitArg(live[0].maxWait), r.span, flags)
+	args = append(args, head[:]...)
 	for i := range r.dims {
 		if charged[i] {
-			args = append(args, r.param[i], r.dims[i].burst, amount(live[0], i))
+			args = appendDim(args, &r.dims[i], r.param[i], amount(live[0], i))
 		}
 	}
 	for _, p := range live[1:] {
-		args = append(args, waitArg(p.maxWait))
+		args = append(args, waitArg(p.maxWait)) // batchWait, the first of its values
 		for i := range r.dims {
 			if charged[i] {
 				args = append(args, amount(p, i))

@@ -323,28 +323,30 @@ func (r *Redis) takeLease(ctx context.Context, key string, size, give []float64)
 	keys := make([]string, 0, len(r.dims)+1)
 	base := r.baseKey(key)
 	keys = append(keys, base)
-	args := make([]any, 0, 3+4*len(r.dims))
-	args = append(args, smallAmounts[0], r.span, r.flags())
-	var gives []any
-	for i, d := range r.dims {
+	head := scriptHead(smallAmounts[0], r.span, r.flags()) // leaseScript's argOp is unused
+	args := make([]any, 0, argHead+leaseArgs*len(r.dims))
+	args = append(args, head[:]...)
+	for i := range r.dims {
 		if size[i] == 0 && give[i] <= 0 {
 			continue
 		}
+		d := &r.dims[i]
 		keys = append(keys, r.dimKey(base, d.name))
-		args = append(args, r.param[i], d.burst, scriptArg(size[i]))
-		gives = append(gives, scriptArg(max(give[i], 0)))
+		var g [leaseArgs]any
+		g[dimKind-1], g[dimRate-1], g[dimBurst-1] = d.kind(), r.param[i], d.burst
+		g[dimAmount-1], g[leaseGive-1] = scriptArg(size[i]), scriptArg(max(give[i], 0))
+		args = append(args, g[:]...)
 	}
-	args = append(args, gives...)
 	v, err := r.run(ctx, leaseScript, keys, args...).Slice()
 	if err != nil {
 		return false, 0, err
 	}
-	if len(v) != 3 {
+	if len(v) != leaseReply {
 		return false, 0, fmt.Errorf("bucket: redis lease: unexpected reply %v", v)
 	}
-	g, ok1 := v[0].(int64)
-	e, ok2 := v[1].(int64)
-	h, ok3 := v[2].(int64)
+	g, ok1 := v[leaseGot-1].(int64)
+	e, ok2 := v[leaseEpoch-1].(int64)
+	h, ok3 := v[leaseHeld-1].(int64)
 	if !ok1 || !ok2 || !ok3 || e < 0 {
 		return false, 0, fmt.Errorf("bucket: redis lease: unexpected reply %v", v)
 	}
@@ -366,7 +368,8 @@ func (r *Redis) giveBack(key string, give []float64) {
 	if len(delta) == 0 {
 		return
 	}
-	argv, _, err := r.prepare(key, delta, false, true, smallAmounts[0], r.span, r.flags())
+	head := scriptHead(smallAmounts[adjustUnserved], r.span, r.flags())
+	argv, _, err := r.prepare(key, delta, false, true, head[:]...)
 	if err != nil || argv == nil {
 		return
 	}
@@ -382,49 +385,50 @@ func refused(fb adaptive.Feedback) bool {
 	return fb.Class == adaptive.RateLimited || fb.Class == adaptive.Overloaded
 }
 
-// leaseScript gives back and takes a lease of each dimension key. ARGV:
-// unused, the span, the flags, then a triple per dimension key (rate,
-// burst, the lease's amount), then per dimension key what to give back
-// of the last lease. If no key is paused and each has the lease's amount
+// leaseScript gives back and takes a lease of each dimension key. ARGV
+// (see codec.go): the head (argOp unused), then per dimension key its
+// kind, rate, burst, the lease's amount and what to give back of the last
+// lease. If no key is paused and each has the lease's amount
 // now, net of what is given back (its own bucket and the provider's), it
 // takes it; otherwise it takes nothing, and gives back. Giving back is an
 // unserved refund (adjustScript's): not credited, lost during a pause. It
 // replies {1 if it took the lease, else 0, the epoch, 1 if a dimension is
 // held below this process's limit (see pinned), else 0}.
 var leaseScript = newScript(luaCommon + `
-local f, epoch = fraction(span, law)
+local f, epoch = fraction()
 local n = #KEYS - 1
-local st, ok = {}, pausedTo <= now
+local st, gives, ok = {}, {}, pausedTo <= now
 for i = 1, n do
-  local want, give = tonumber(ARGV[3*i+3]), tonumber(ARGV[3*n+3+i])
-  local rate, burst, tk, at, x, _, pr, pb, pt, rx, pin, _, _, arate, aburst = refill(KEYS[i+1], tonumber(ARGV[3*i+1]), tonumber(ARGV[3*i+2]), f, 0)
-  tk = math.min(burst, tk + give)
-  if pt then
-    pt = math.min(pb, pt + give)
+  local o = ARG_HEAD + LEASE_ARGS*(i-1)
+  local want, give = tonumber(ARGV[o + DIM_AMOUNT]), tonumber(ARGV[o + LEASE_GIVE])
+  local d = refill(KEYS[i+1], o, f, 0)
+  d.tokensNow = math.min(d.burst, d.tokensNow + give)
+  if d.providerNow then
+    d.providerNow = math.min(d.providerBurst, d.providerNow + give)
   end
-  if at > now then
-    tk = math.min(tk, 0) -- paused: empty at its end (adjustScript)
+  if d.atNow > now then
+    d.tokensNow = math.min(d.tokensNow, 0) -- paused: empty at its end (adjustScript)
   end
-  if want > 0 and (at > now or tk < want or (pt and pt < want)) then
+  if want > 0 and (d.atNow > now or d.tokensNow < want or (d.providerNow and d.providerNow < want)) then
     ok = false
   end
-  st[i] = {tk, at, x, rate, burst, pt, pr, pb, rx, pin, want, give, arate, aburst}
+  d.amount, st[i], gives[i] = want, d, give
 end
-for i, s in ipairs(st) do
+for i, d in ipairs(st) do
   if ok then
-    s[1] = s[1] - s[11]
-    if s[6] then s[6] = s[6] - s[11] end
-  end
-  if ok then
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[13], s[14])
-  elseif s[12] > 0 then
-    store(KEYS[i+1], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], nil, s[13], s[14]) -- refused: no pin (reserveScript)
+    d.tokensNow = d.tokensNow - d.amount
+    if d.providerNow then d.providerNow = d.providerNow - d.amount end
+    store(d)
+  elseif gives[i] > 0 then
+    d.pin = false -- refused: no pin (reserveScript)
+    store(d)
   end
 end
+saveAll()
 local h = 0
 if held then h = 1 end
 if ok then
-  return {1, epoch, h}
+  return {1, epoch, h} -- LEASE_GOT, LEASE_EPOCH, LEASE_HELD
 end
 return {0, epoch, h}
 `)

@@ -51,7 +51,8 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 	r := &Redis{scripted: newScripted(rdb, forRedis, "NewRedis", limit, opts, "", tokenParam)}
 	r.state = true
 	r.debit = func(ctx context.Context, key string, c Cost) error {
-		return r.adjustWith(ctx, adjustScript, key, c, true, smallAmounts[0], r.span, r.flags())
+		h := scriptHead(smallAmounts[adjustUnserved], r.span, r.flags())
+		return r.adjustWith(ctx, adjustScript, key, c, true, h[:]...)
 	}
 	r.gauge = r.gauges
 	r.adapt = newAdaptation(r.policy, r.dims)
@@ -72,11 +73,13 @@ func NewRedis(rdb redis.UniversalClient, limit Limit, opts ...Option) *Redis {
 func (r *Redis) lowerWindows(ctx context.Context, key string, to Cost) error {
 	base := r.baseKey(key)
 	keys := []string{base}
-	args := []any{smallAmounts[0], r.span, r.adapt.flags()}
-	for i, d := range r.dims {
+	h := scriptHead(smallAmounts[0], r.span, r.adapt.flags()) // lowerScript's argOp is unused
+	args := h[:]
+	for i := range r.dims {
+		d := &r.dims[i]
 		if v, ok := to[d.name]; ok && d.window() {
 			keys = append(keys, r.dimKey(base, d.name))
-			args = append(args, r.param[i], d.burst, scriptArg(v))
+			args = appendDim(args, d, r.param[i], scriptArg(v))
 		}
 	}
 	return r.run(ctx, lowerScript, keys, args...).Err()
@@ -85,11 +88,8 @@ func (r *Redis) lowerWindows(ctx context.Context, key string, to Cost) error {
 func (r *Redis) refunds() *refunds { return r.waiting }
 
 // tokenParam is the scripts' number for a token bucket's dimension: its
-// rate, negated for a window (WithWindow), which the law does not scale.
+// rate (its kind, a window or not, is an argument of its own: dimKind).
 func tokenParam(d dim) any {
-	if d.window() {
-		return scriptArg(-d.limit.Rate)
-	}
 	return scriptArg(d.limit.Rate)
 }
 
@@ -112,13 +112,15 @@ func (r *Redis) Reserve(ctx context.Context, key string, cost Cost, maxWait time
 
 // Adjust implements Bucket with one call to Redis.
 func (r *Redis) Adjust(ctx context.Context, key string, delta Cost) error {
-	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[0], r.span, r.flags())
+	h := scriptHead(smallAmounts[adjustUnserved], r.span, r.flags())
+	return r.adjust(ctx, adjustScript, key, delta, h[:]...)
 }
 
 // Settle implements Settler with one call to Redis: a refund moves up
 // every waiter (see the package function Settle).
 func (r *Redis) Settle(ctx context.Context, key string, delta Cost) error {
-	return r.adjust(ctx, adjustScript, key, delta, smallAmounts[1], r.span, r.flags())
+	h := scriptHead(smallAmounts[adjustServed], r.span, r.flags())
+	return r.adjust(ctx, adjustScript, key, delta, h[:]...)
 }
 
 // reserveAt implements moveUp: Reserve for WaitMax, which counts its wait
@@ -141,7 +143,8 @@ func (r *Redis) reserveAt(ctx context.Context, key string, cost Cost, maxWait ti
 // end of key's queue in each dimension cost charges.
 func (r *Redis) earliest(ctx context.Context, key string, cost Cost) (queue, error) {
 	now := time.Now()
-	argv, dims, err := r.prepare(key, cost, true, false, smallAmounts[0], r.span, r.flags())
+	h := scriptHead(smallAmounts[0], r.span, r.flags()) // queueScript's argOp is unused
+	argv, dims, err := r.prepare(key, cost, true, false, h[:]...)
 	if err != nil || argv == nil {
 		return queue{end: now}, err
 	}
@@ -180,7 +183,8 @@ func (r *Redis) Tokens(ctx context.Context, key string) (Cost, error) {
 
 // gauges returns key's tokens and rates now.
 func (r *Redis) gauges(ctx context.Context, key string) (tokens, rates Cost, err error) {
-	return r.tokens(ctx, tokensScript, key, smallAmounts[0], r.span, r.adapt.flags())
+	h := scriptHead(smallAmounts[0], r.span, r.adapt.flags()) // tokensScript's argOp is unused
+	return r.tokens(ctx, tokensScript, key, h[:]...)
 }
 
 // Observe implements Bucket with one call to Redis (none if fb is empty),
@@ -195,37 +199,29 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 	if r.leases != nil && refused(fb) {
 		r.leases.drop(key)
 	}
-	p := &r.adapt.policy
-	believed := false          // a quota that a dimension keeps
-	var low []lowLimit         // dimensions a report holds low
-	verdict := smallAmounts[0] // nothing to learn from refusals
-	if fb.Class == adaptive.RateLimited && fb.Epoch != outageEpoch {
-		verdict = smallAmounts[1] // a refusal to count
-	}
+	believed := false  // a quota that a dimension keeps
+	var low []lowLimit // dimensions a report holds low
 	keys := make([]string, 0, len(r.dims)+1)
 	base := r.baseKey(key)
 	keys = append(keys, base)
-	args := make([]any, 0, 11+6*len(r.dims))
-	args = append(args, verdict, r.span, r.adapt.flags(), scriptArg(float64(min(fb.Epoch, 1<<53))),
-		nil, // the pause, once the reports are read
-		scriptArg(p.Decrease), scriptArg(p.Floor), scriptArg(float64(r.adapt.minEpoch.Microseconds())),
-		scriptArg(float64(p.Threshold)), scriptArg(float64(r.adapt.window.Microseconds())),
-		scriptArg(float64(r.adapt.hold.Microseconds())))
-	for i, d := range r.dims {
+	head := r.observeHead(fb)
+	args := make([]any, 0, obsHead+obsArgs*len(r.dims))
+	args = append(args, head[:]...)
+	for i := range r.dims {
+		d := &r.dims[i]
 		keys = append(keys, r.dimKey(base, d.name))
 		rp := report{rem: -1}
 		if q, ok := fb.Quotas[d.name]; ok && !d.window() { // a report speaks of the dimension's own limit
 			rp = r.adapt.report(q, d.limit)
 		}
 		if rp.rate > 0 {
-			args[0] = smallAmounts[2] // forget what refusals taught
+			args[obsVerdict-1] = smallAmounts[verdictForget] // forget what refusals taught
 		}
 		believed = believed || rp.says()
-		low = appendLow(low, d, rp, fb.Quotas[d.name])
-		args = append(args, r.param[i], d.burst, scriptArg(rp.rem), scriptArg(rp.rate), scriptArg(rp.burst),
-			scriptArg(float64(rp.until.Microseconds())))
+		low = appendLow(low, *d, rp, fb.Quotas[d.name])
+		args = appendObserved(args, d, r.param[i], rp)
 	}
-	args[4] = scriptArg(float64(r.adapt.pause(fb, believed).Microseconds()))
+	args[obsPause-1] = scriptArg(float64(r.adapt.pause(fb, believed).Microseconds()))
 	changed, err := r.run(ctx, observeScript, keys, args...).Int64()
 	if err != nil {
 		if sh := r.fo.fallback(err); sh != nil {
@@ -233,10 +229,41 @@ func (r *Redis) Observe(ctx context.Context, key string, fb adaptive.Feedback) e
 		}
 		return fmt.Errorf("bucket: redis observe: %w", err)
 	}
-	r.m.observed(key, changed&1 != 0, changed&2 != 0)
-	r.warnLow(ctx, key, low, changed&1 != 0)
+	r.m.observed(key, changed&observedDecrease != 0, changed&observedPause != 0)
+	r.warnLow(ctx, key, low, changed&observedDecrease != 0)
 	r.waiting.accepted(key, fb)
 	return nil
+}
+
+// observeHead is the head of observeScript's ARGV for fb (see codec.go),
+// but for the pause, which the reports decide (Observe sets it).
+func (r *Redis) observeHead(fb adaptive.Feedback) [obsHead]any {
+	p := &r.adapt.policy
+	var h [obsHead]any
+	h[obsVerdict-1] = smallAmounts[verdictNone] // nothing to learn from refusals
+	if fb.Class == adaptive.RateLimited && fb.Epoch != outageEpoch {
+		h[obsVerdict-1] = smallAmounts[verdictCount] // a refusal to count
+	}
+	h[argSpan-1], h[argFlags-1] = r.span, r.adapt.flags()
+	h[obsEpoch-1] = scriptArg(float64(min(fb.Epoch, 1<<53)))
+	h[obsDecrease-1], h[obsFloor-1] = scriptArg(p.Decrease), scriptArg(p.Floor)
+	h[obsMinEpoch-1] = scriptArg(float64(r.adapt.minEpoch.Microseconds()))
+	h[obsThreshold-1] = scriptArg(float64(p.Threshold))
+	h[obsWindow-1] = scriptArg(float64(r.adapt.window.Microseconds()))
+	h[obsHold-1] = scriptArg(float64(r.adapt.hold.Microseconds()))
+	return h
+}
+
+// appendObserved appends to args the group of dimension d of
+// observeScript's ARGV (see codec.go), whose scripts' number is param,
+// with what rp reports of it.
+func appendObserved(args []any, d *dim, param any, rp report) []any {
+	var g [obsArgs]any
+	g[dimKind-1], g[dimRate-1], g[dimBurst-1] = d.kind(), param, d.burst
+	g[obsRemaining-1], g[obsReportedRate-1] = scriptArg(rp.rem), scriptArg(rp.rate)
+	g[obsReportedBurst-1] = scriptArg(rp.burst)
+	g[obsReportedFor-1] = scriptArg(float64(rp.until.Microseconds()))
+	return append(args, g[:]...)
 }
 
 // warnLow reports key held low, if that is due: by a report (low), or,

@@ -28,6 +28,7 @@ type script struct {
 var scripts []*script
 
 func newScript(src string) *script {
+	src = withCodec(src)
 	sum := sha1.Sum([]byte(src))
 	s := &script{src: src, hash: hex.EncodeToString(sum[:])}
 	s.srcArg, s.hashArg = s.src, s.hash

@@ -78,8 +78,8 @@ func (s *scripted) dimKey(base, dim string) string {
 
 // prepare builds the argv of a script call (see scriptArgv) for the
 // dimensions cost charges: KEYS are key's adaptive state (if s.state) and
-// each such dimension's, ARGV is head, then param, burst and amount for
-// each. It says how many dimension keys there are; with none, argv is nil.
+// each such dimension's, ARGV is head, then each one's group (see
+// group). It says how many dimension keys there are; with none, argv is nil.
 // With reserve, amounts are checked against the limits; else a debit or a
 // refund is cut to a burst, unless whole: a share's debt, which names each window's
 // amount (share.take), where other costs give a window its dimension's.
@@ -111,7 +111,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 			// Room for every dimension's key: ARGV moves down over what
 			// is left unused.
 			names = s.names(key)
-			argv = make([]any, argvHead+state+len(s.dims), argvHead+state+len(s.dims)+len(head)+3*len(s.dims))
+			argv = make([]any, argvHead+state+len(s.dims), argvHead+state+len(s.dims)+len(head)+dimArgs*len(s.dims))
 			if s.state {
 				argv[argvHead] = names[0]
 			}
@@ -119,7 +119,7 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 		}
 		argv[argvHead+state+dims] = names[1+i]
 		dims++
-		argv = append(argv, s.param[i], d.burst, scriptArg(v))
+		argv = s.group(argv, i, scriptArg(v))
 	}
 	if argv == nil {
 		return nil, 0, nil
@@ -130,6 +130,17 @@ func (s *scripted) prepare(key string, cost Cost, reserve, whole bool, head ...a
 	}
 	argv[2] = state + dims
 	return argv, dims, nil
+}
+
+// group appends to argv the group of dimension i of a script's ARGV,
+// charged amount: with the adaptive state (s.state), the token bucket
+// scripts', laid out by the codec (appendDim); else the window scripts':
+// param, burst and amount.
+func (s *scripted) group(argv []any, i int, amount any) []any {
+	if s.state {
+		return appendDim(argv, &s.dims[i], s.param[i], amount)
+	}
+	return append(argv, s.param[i], s.dims[i].burst, amount)
 }
 
 // lastNames holds the names of the key named last (see scripted.names).
@@ -172,7 +183,7 @@ func waitArg(maxWait time.Duration) any {
 }
 
 // reserve runs a reserve script, whose ARGV are maxWait in microseconds,
-// extra, then the triples of prepare. The script replies with the wait in
+// extra, then the groups of prepare. The script replies with the wait in
 // microseconds, negated if it took nothing (a refused wait is always > 0).
 func (s *scripted) reserve(ctx context.Context, script *script, key string, cost Cost, maxWait time.Duration, extra ...any) (Reservation, error) {
 	r, _, by, err := s.reserveBy(ctx, script, key, cost, maxWait, extra...)
@@ -254,163 +265,6 @@ func micros(n int64) time.Duration {
 	return time.Duration(n) * time.Microsecond
 }
 
-// The pins' flags of a reserve script's reply (see reserveScript).
-const (
-	pinHeld    = 1 // a dimension is held below this process's limit
-	pinIgnored = 2 // a pin too far from this process's limit was ignored
-)
-
-// reserveReply is a reserve script's reply to one reservation.
-type reserveReply struct {
-	wait    int64 // in microseconds; negated if refused
-	epoch   uint64
-	pins    int64        // the pins' flags (pinHeld, pinIgnored)
-	place   []constraint // of a wait that may move up
-	windows []windowReply
-}
-
-// windowReply is what a reserve or adjust script's reply says of a window
-// the operation took from (see windowsSeen).
-type windowReply struct {
-	tokens float64 // after the operation
-	life   int64   // the hash's life (i): the time it was made; 0: none
-}
-
-// reservation reads a reserve script's reply over dims dimension keys, of
-// which windows are windows (WithWindow) it charged: the wait in
-// microseconds, or the wait and the key's epoch, and then the pins' flags
-// (pinHeld, pinIgnored) if any; or, for a wait that may move up, the wait,
-// the epoch, the pins' flags, and the reservation's place. With windows,
-// always a table whose last 2*windows fields are each window's tokens in
-// millionths and its life.
-func reservation(v any, dims, windows int) (reserveReply, error) {
-	switch v := v.(type) {
-	case int64:
-		if windows == 0 {
-			return reserveReply{wait: v}, nil
-		}
-	case []any:
-		if rep, ok := reservationTable(v, dims, windows); ok {
-			return rep, nil
-		}
-	}
-	return reserveReply{}, fmt.Errorf("unexpected reply %v", v)
-}
-
-// reservationTable is reservation of a reply that is a table, and whether
-// it is one the scripts give.
-func reservationTable(v []any, dims, windows int) (reserveReply, bool) {
-	if len(v) < 2+min(windows, 1)+2*windows {
-		return reserveReply{}, false // not indexed
-	}
-	ws, ok := windowsOf(v[len(v)-2*windows:])
-	v = v[:len(v)-2*windows]
-	w, ok1 := v[0].(int64)
-	e, ok2 := v[1].(int64)
-	pins, ok3 := pinsOf(v)
-	if !ok || !ok1 || !ok2 || !ok3 || e < 0 {
-		return reserveReply{}, false
-	}
-	rep := reserveReply{wait: w, epoch: uint64(e), pins: pins, windows: ws}
-	switch {
-	case len(v) == 2 && windows == 0 || len(v) == 3 && (pins != 0 || windows > 0):
-		return rep, true
-	case len(v) == 3+placeFields*dims && w > 0:
-		var err error
-		rep.place, err = places(v[3:], time.Now())
-		return rep, err == nil
-	}
-	return reserveReply{}, false
-}
-
-// windowsOf reads the windows' fields of a reserve or adjust script's
-// reply: each one's tokens in millionths and its life; and whether they
-// are valid.
-func windowsOf(v []any) ([]windowReply, bool) {
-	if len(v) == 0 {
-		return nil, true
-	}
-	ws := make([]windowReply, len(v)/2)
-	for i := range ws {
-		tk, ok1 := v[2*i].(int64)
-		life, ok2 := v[2*i+1].(int64)
-		if !ok1 || !ok2 || life < 0 {
-			return nil, false
-		}
-		ws[i] = windowReply{tokens: float64(tk) / 1e6, life: life}
-	}
-	return ws, true
-}
-
-// pinsOf reads the pins' flags of a reserve script's reply v: 0 if it has
-// none; and whether they are valid.
-func pinsOf(v []any) (int64, bool) {
-	if len(v) < 3 {
-		return 0, true
-	}
-	pins, ok := v[2].(int64)
-	return pins, ok && pins >= 0 && pins <= pinHeld|pinIgnored
-}
-
-// placeFields is how many fields of a script's reply give the place of a
-// dimension (place, in the token bucket scripts).
-const placeFields = 9
-
-// places reads the places of a reply (place, in the token bucket scripts),
-// as of at, which it was read at: for each dimension, its own bucket's
-// then the provider's.
-func places(v []any, at time.Time) ([]constraint, error) {
-	if len(v)%placeFields != 0 {
-		return nil, fmt.Errorf("%d fields of places", len(v))
-	}
-	cs := make([]constraint, 0, 2*len(v)/placeFields)
-	for i := 0; i < len(v); i += placeFields {
-		own, prov, err := placeOf(v[i:i+placeFields], at)
-		if err != nil {
-			return nil, err
-		}
-		cs = append(cs, own, prov)
-	}
-	return cs, nil
-}
-
-// placeOf reads one dimension's place, f, as of at: its own bucket's
-// constraint and the provider's.
-func placeOf(f []any, at time.Time) (own, prov constraint, err error) {
-	// The integers: the wait, the rate, the wait until from, the
-	// provider's wait (-1: none) and rate, the wait until the pin lapses.
-	var n [6]int64
-	for j, i := range [...]int{0, 2, 3, 4, 6, 8} {
-		v, ok := f[i].(int64)
-		if !ok || v < -1 || v == -1 && i != 4 {
-			return own, prov, fmt.Errorf("a place %v", f)
-		}
-		n[j] = v
-	}
-	life, ok := f[7].(string)
-	credit, err1 := creditOf(f[1])
-	pcredit, err2 := creditOf(f[5])
-	if !ok || err1 != nil || err2 != nil {
-		return own, prov, fmt.Errorf("a place %v", f)
-	}
-	when := func(us int64) time.Time { return at.Add(micros(us)) }
-	own = constraint{ok: true, at: when(n[0]), from: when(n[2]), credit: credit, rate: float64(n[1]) / 1e6, life: life}
-	if n[5] > 0 {
-		own.pinned = when(n[5])
-	}
-	prov = constraint{ok: n[3] >= 0, at: when(max(n[3], 0)), from: when(n[2]), credit: pcredit, rate: float64(n[4]) / 1e6, life: life}
-	return own, prov, nil
-}
-
-// creditOf reads a credit: an integer of millionths, as Redis wrote it.
-func creditOf(v any) (int64, error) {
-	s, ok := v.(string)
-	if !ok {
-		return 0, fmt.Errorf("a credit %v", v)
-	}
-	return strconv.ParseInt(s, 10, 64)
-}
-
 // pinLog limits the error logs of pins ignored (see pinOne in the
 // scripts) to one a minute.
 type pinLog struct{ at atomic.Int64 }
@@ -441,7 +295,7 @@ func (s *scripted) warnHeld() {
 		slog.String("prefix", s.prefix))
 }
 
-// adjust runs an adjust script, whose ARGV are head, then the triples of
+// adjust runs an adjust script, whose ARGV are head, then the groups of
 // prepare.
 func (s *scripted) adjust(ctx context.Context, script *script, key string, delta Cost, head ...any) error {
 	err := s.adjustWith(ctx, script, key, delta, false, head...)
@@ -491,7 +345,7 @@ func (s *scripted) adjustWith(ctx context.Context, script *script, key string, d
 }
 
 // tokens runs a tokens script over every dimension. Its ARGV are head, then
-// the triples of prepare with amount 0, and it replies with each key's
+// the groups of prepare with amount 0, and it replies with each key's
 // tokens or remaining allowance as a string, then, from a script of a
 // bucket that adapts, each key's rate.
 func (s *scripted) tokens(ctx context.Context, script *script, key string, head ...any) (tokens, rates Cost, err error) {
@@ -503,11 +357,11 @@ func (s *scripted) tokens(ctx context.Context, script *script, key string, head 
 	if s.state {
 		keys = append(keys, base)
 	}
-	args := make([]any, 0, len(head)+3*len(s.dims))
+	args := make([]any, 0, len(head)+dimArgs*len(s.dims))
 	args = append(args, head...)
 	for i, d := range s.dims {
 		keys = append(keys, s.dimKey(base, d.name))
-		args = append(args, s.param[i], d.burst, smallAmounts[0])
+		args = s.group(args, i, smallAmounts[0])
 	}
 	res, err := s.run(ctx, script, keys, args...).StringSlice()
 	if err != nil {
