@@ -139,14 +139,14 @@ local function reportCaps(d, rate, burst)
   if d.provider and d.reportedRate and d.reportedBurst then
     pr, pb = tonumber(d.reportedRate) / 1e6, tonumber(d.reportedBurst) / 1e6
   end
-  -- a provider's bucket larger than ours is no cap on our rate (see Local.rate)
+  -- a provider's bucket larger than ours is no cap on our rate (see dimState.rate)
   if d.reportedRate and not (pb and pb > burst) then rate = math.min(rate, tonumber(d.reportedRate) / 1e6) end
   if d.reportedBurst then burst = math.min(burst, tonumber(d.reportedBurst) / 1e6) end
   return rate, burst, pr, pb
 end
 
 -- folded returns the tokens of the dimension d (in millionths, as of
--- d.at) with the report that has run its time folded in (Local.fold), at
+-- d.at) with the report that has run its time folded in (dimState.fold), at
 -- fraction f, and whether the fold starts a new life (a provider's bucket
 -- gone). Ours refilled at the rate and burst the report gave until its end
 -- (reportedUntil), and holds no more than its provider's bucket, if any,
@@ -764,7 +764,7 @@ local function reportBucket(d, rem, rrate, rburst, rx, f)
   d.providerRate, d.providerBurst = rrate, rburst
   d.rate, d.burst = d.ownRate * f, math.min(d.ownBurst, rburst) * f
   if rburst <= d.ownBurst then
-    d.rate = math.min(d.ownRate, rrate) * f -- a provider's bucket no larger than ours caps our rate (see Local.rate)
+    d.rate = math.min(d.ownRate, rrate) * f -- a provider's bucket no larger than ours caps our rate (see dimState.rate)
   end
 end
 
