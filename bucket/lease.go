@@ -159,16 +159,11 @@ func leaseSize(dims []dim, k float64, cost Cost) []float64 {
 // wrong, if anything did (an invalid key or cost, a context done, a Redis
 // that failed). It makes at most one call to Redis, and none while the
 // lease holds cost.
-func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservation, ok bool) {
-	ls := r.leases
-	if key == "" {
+func (r *Redis) leased(ctx context.Context, key string, cost Cost) (Reservation, bool) {
+	if key == "" || !r.leasable(cost) {
 		return Reservation{}, false
 	}
-	for i := range r.dims {
-		if v := cost[r.dims[i].of]; v != 0 && r.dims[i].checkCost(v) != nil {
-			return Reservation{}, false
-		}
-	}
+	ls := r.leases
 	for {
 		ls.mu.Lock()
 		if ls.closed {
@@ -178,75 +173,113 @@ func (r *Redis) leased(ctx context.Context, key string, cost Cost) (res Reservat
 		l := ls.keys[key]
 		if l != nil && l.live && l.covers(r.dims, cost) {
 			l.take(r.dims, cost)
-			res = Reservation{OK: true, Epoch: l.epoch}
+			res := Reservation{OK: true, Epoch: l.epoch}
 			ls.mu.Unlock()
 			return res, true
 		}
 		if l != nil && l.taking != nil {
 			ch := l.taking
 			ls.mu.Unlock()
-			if done := ctx.Done(); done == nil {
-				<-ch
-			} else {
-				select {
-				case <-ch:
-				case <-done:
-					return Reservation{}, false
-				}
+			if !taken(ctx, ch) {
+				return Reservation{}, false
 			}
 			continue
 		}
-		now := time.Now()
-		if l != nil && now.Before(l.plain) {
-			ls.mu.Unlock()
-			return Reservation{}, false
-		}
-		size := leaseSize(r.dims, ls.k, cost)
+		l, size, give := ls.begin(r, key, l, cost)
+		ls.mu.Unlock()
 		if size == nil {
-			ls.mu.Unlock()
 			return Reservation{}, false
 		}
-		if l == nil {
-			l = &lease{held: make([]float64, len(r.dims))}
-			ls.keys[key] = l
-			l.timer = time.AfterFunc(ls.ttl, func() { ls.expire(r, key, l) })
-		}
-		give := l.held
-		l.held = make([]float64, len(r.dims))
-		l.live, l.until = false, time.Time{}
-		l.taking = make(chan struct{})
-		ls.mu.Unlock()
-
-		got, epoch, err := r.takeLease(ctx, key, size, give)
-
-		ls.mu.Lock()
-		close(l.taking)
-		l.taking = nil
-		if ls.closed {
-			// Close gave back what it found; this lease came after.
-			ls.mu.Unlock()
-			if got {
-				r.giveBack(key, size)
-			}
-			return Reservation{}, false
-		}
-		end := time.Now().Add(ls.ttl)
-		l.timer.Reset(ls.ttl)
-		if l.dropped {
-			got, l.dropped = false, false // dropped, not given back
-		}
-		if !got || err != nil {
-			// No lease, or a Redis that failed (what it was given back is
-			// lost): plain reservations for a ttl, which fail open or not.
-			l.plain = end
-			ls.mu.Unlock()
-			return Reservation{}, false
-		}
-		l.held, l.live, l.until, l.epoch = size, true, end, epoch
-		l.take(r.dims, cost)
-		ls.mu.Unlock()
-		return Reservation{OK: true, Epoch: epoch}, true
+		return r.takeAndServe(ctx, key, l, size, give, cost)
 	}
+}
+
+// leasable reports whether every amount of cost is one a dimension takes
+// (an invalid one is left to the plain reservation, which says why).
+func (r *Redis) leasable(cost Cost) bool {
+	for i := range r.dims {
+		if v := cost[r.dims[i].of]; v != 0 && r.dims[i].checkCost(v) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// taken waits until ch, another call's taking of a lease, closes; false if
+// ctx is done first.
+func taken(ctx context.Context, ch <-chan struct{}) bool {
+	done := ctx.Done()
+	if done == nil {
+		<-ch
+		return true
+	}
+	select {
+	case <-ch:
+		return true
+	case <-done:
+		return false
+	}
+}
+
+// begin starts taking a lease for key, whose lease is l (nil if none yet),
+// with ls.mu held: it returns the lease, marked as taking, the size to take
+// and what the lease held, to give back. size is nil if the call must be a
+// plain reservation: the lease failed not long ago (plain), or cost is too
+// large to lease.
+func (ls *leases) begin(r *Redis, key string, l *lease, cost Cost) (_ *lease, size, give []float64) {
+	if l != nil && time.Now().Before(l.plain) {
+		return l, nil, nil
+	}
+	size = leaseSize(r.dims, ls.k, cost)
+	if size == nil {
+		return l, nil, nil
+	}
+	if l == nil {
+		l = &lease{held: make([]float64, len(r.dims))}
+		ls.keys[key] = l
+		l.timer = time.AfterFunc(ls.ttl, func() { ls.expire(r, key, l) })
+	}
+	give = l.held
+	l.held = make([]float64, len(r.dims))
+	l.live, l.until = false, time.Time{}
+	l.taking = make(chan struct{})
+	return l, size, give
+}
+
+// takeAndServe takes l, key's lease that begin started, of size from
+// Redis, giving back give, and serves cost from it; ok false if the call
+// must be a plain reservation.
+func (r *Redis) takeAndServe(ctx context.Context, key string, l *lease, size, give []float64, cost Cost) (Reservation, bool) {
+	ls := r.leases
+	got, epoch, err := r.takeLease(ctx, key, size, give)
+
+	ls.mu.Lock()
+	close(l.taking)
+	l.taking = nil
+	if ls.closed {
+		// Close gave back what it found; this lease came after.
+		ls.mu.Unlock()
+		if got {
+			r.giveBack(key, size)
+		}
+		return Reservation{}, false
+	}
+	end := time.Now().Add(ls.ttl)
+	l.timer.Reset(ls.ttl)
+	if l.dropped {
+		got, l.dropped = false, false // dropped, not given back
+	}
+	if !got || err != nil {
+		// No lease, or a Redis that failed (what it was given back is
+		// lost): plain reservations for a ttl, which fail open or not.
+		l.plain = end
+		ls.mu.Unlock()
+		return Reservation{}, false
+	}
+	l.held, l.live, l.until, l.epoch = size, true, end, epoch
+	l.take(r.dims, cost)
+	ls.mu.Unlock()
+	return Reservation{OK: true, Epoch: epoch}, true
 }
 
 // expire gives back what l, key's lease, holds once its time has passed,
